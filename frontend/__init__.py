@@ -1,0 +1,1 @@
+"""The frontend process: OpenAI API, model registry from etcd, router, NATS client."""

@@ -1,0 +1,118 @@
+"""The root of every lorafleet error and the wire shape of an error reply.
+
+Hierarchy (each package adds its own in its own ``errors.py``)::
+
+    LorafleetError                 code "internal_error"
+    ├── InvalidRequestError        code "invalid_request"   (HTTP 400)
+    ├── UnauthorizedError          code "unauthorized"      (HTTP 401)
+    ├── NotFoundError              code "not_found"         (HTTP 404)
+    ├── ConflictError              code "conflict"          (HTTP 409)
+    ├── CapacityError              code "capacity"          (HTTP 429)
+    ├── UnavailableError           code "unavailable"       (HTTP 503)
+    └── UpstreamError              code "upstream_error"    (HTTP 502)
+
+The ``code`` travels in :class:`ErrorInfo` across NATS and HTTP so that the
+receiving side can rebuild the right error class without parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+__all__ = [
+    "CapacityError",
+    "ConflictError",
+    "ErrorInfo",
+    "InvalidRequestError",
+    "LorafleetError",
+    "NotFoundError",
+    "UnauthorizedError",
+    "UnavailableError",
+    "UpstreamError",
+    "error_from_info",
+]
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """An error as it crosses a process boundary: a stable code and a message."""
+
+    code: str
+    message: str
+
+
+class LorafleetError(Exception):
+    """Base of every error lorafleet raises on purpose; ``code`` is stable on the wire."""
+
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_info(self) -> ErrorInfo:
+        """Return the wire form of this error."""
+        return ErrorInfo(code=self.code, message=self.message)
+
+
+class InvalidRequestError(LorafleetError):
+    """The caller sent something malformed; the message names the field."""
+
+    code: ClassVar[str] = "invalid_request"
+
+
+class UnauthorizedError(LorafleetError):
+    """A mutating route was called without the right bearer token."""
+
+    code: ClassVar[str] = "unauthorized"
+
+
+class NotFoundError(LorafleetError):
+    """The named model, adapter or route does not exist."""
+
+    code: ClassVar[str] = "not_found"
+
+
+class ConflictError(LorafleetError):
+    """The request contradicts existing state (e.g. a ``lora_id`` collision)."""
+
+    code: ClassVar[str] = "conflict"
+
+
+class CapacityError(LorafleetError):
+    """No free slot: every adapter slot of the engine is taken."""
+
+    code: ClassVar[str] = "capacity"
+
+
+class UnavailableError(LorafleetError):
+    """A dependency (etcd, NATS, a live instance) cannot be reached right now."""
+
+    code: ClassVar[str] = "unavailable"
+
+
+class UpstreamError(LorafleetError):
+    """A worker or engine failed while handling a request that reached it."""
+
+    code: ClassVar[str] = "upstream_error"
+
+
+_BY_CODE: dict[str, type[LorafleetError]] = {
+    cls.code: cls
+    for cls in (
+        LorafleetError,
+        InvalidRequestError,
+        UnauthorizedError,
+        NotFoundError,
+        ConflictError,
+        CapacityError,
+        UnavailableError,
+        UpstreamError,
+    )
+}
+
+
+def error_from_info(info: ErrorInfo) -> LorafleetError:
+    """Rebuild the error class named by ``info.code`` (unknown codes give the root)."""
+    return _BY_CODE.get(info.code, LorafleetError)(info.message)

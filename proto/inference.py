@@ -1,0 +1,148 @@
+"""The request plane: what a frontend sends to a worker's NATS subject and what streams back.
+
+Everything on an instance subject is one tagged union (:data:`InstanceMessage`,
+tag field ``kind``); everything on a reply inbox is another (:data:`StreamChunk`).
+Both travel as msgpack. Do no I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from proto.errors import ErrorInfo
+
+__all__ = [
+    "CancelRequest",
+    "ChatMessage",
+    "ErrorChunk",
+    "FinalChunk",
+    "FinishReason",
+    "GenerateRequest",
+    "InstanceMessage",
+    "PingRequest",
+    "SamplingParams",
+    "StreamChunk",
+    "TokenChunk",
+    "UpdateReply",
+    "UpdateRequest",
+    "Usage",
+    "decode_chunk",
+    "decode_instance_message",
+    "encode_msg",
+]
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class _Message(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind"):
+    """Base of tagged wire messages; the class's tag names its kind."""
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, frozen=True):
+    """One chat turn, content already flattened to text by the frontend."""
+
+    role: str
+    content: str
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
+    """Sampling settings forwarded from the OpenAI request to the engine."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = msgspec.field(default_factory=list)
+    seed: int | None = None
+
+
+class GenerateRequest(_Message, tag="generate"):
+    """Generate for ``model`` (base model or adapter name) from a prompt or chat messages."""
+
+    request_id: str
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+
+
+class CancelRequest(_Message, tag="cancel"):
+    """Stop generating for ``request_id``: its caller stopped listening."""
+
+    request_id: str
+
+
+class PingRequest(_Message, tag="ping"):
+    """Liveness probe: a frontend asks whether the instance still answers."""
+
+
+class UpdateRequest(_Message, tag="update"):
+    """Call an engine update (e.g. ``load_lora``) over NATS instead of HTTP."""
+
+    name: str
+    body: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class UpdateReply(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer to a ping or an update: the HTTP status the status server would give and its body."""
+
+    status_code: int = 200
+    body: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+InstanceMessage = GenerateRequest | CancelRequest | PingRequest | UpdateRequest
+
+
+class Usage(msgspec.Struct, kw_only=True, frozen=True):
+    """Token counts of one request, as OpenAI reports them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+class TokenChunk(_Message, tag="token"):
+    """New text; ``tokens`` counts the tokens it holds."""
+
+    text: str
+    tokens: int = 1
+
+
+class FinalChunk(_Message, tag="final"):
+    """The last chunk of a successful stream."""
+
+    finish_reason: FinishReason
+    usage: Usage
+
+
+class ErrorChunk(_Message, tag="error"):
+    """The last chunk of a failed stream: what went wrong, never silence."""
+
+    error: ErrorInfo
+
+
+StreamChunk = TokenChunk | FinalChunk | ErrorChunk
+
+_encoder = msgspec.msgpack.Encoder()
+_instance_decoder = msgspec.msgpack.Decoder(InstanceMessage)
+_chunk_decoder = msgspec.msgpack.Decoder(StreamChunk)
+
+
+def encode_msg(message: msgspec.Struct) -> bytes:
+    """Encode any request-plane message as msgpack."""
+    return _encoder.encode(message)
+
+
+def decode_instance_message(data: bytes) -> InstanceMessage:
+    """Decode a message received on an instance subject."""
+    return _instance_decoder.decode(data)
+
+
+def decode_chunk(data: bytes) -> StreamChunk:
+    """Decode a message received on a reply inbox."""
+    return _chunk_decoder.decode(data)

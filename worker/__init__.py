@@ -1,0 +1,1 @@
+"""The worker process: request plane over NATS, engines, LoRA lifecycle, status server."""

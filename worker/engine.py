@@ -1,0 +1,141 @@
+"""The engine interface every backend (mocker, hf, vllm) implements, and its configuration.
+
+An engine generates tokens and, if it supports adapters, adds and removes them.
+The LoRA bookkeeping (locks, publish, rollback) lives once in
+``worker.lora_controller``; an engine supplies only :class:`AdapterBackend`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeAlias
+
+from proto.discovery import ModelDeploymentCard
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from proto.naming import lora_slug
+
+__all__ = [
+    "AdapterBackend",
+    "EngineConfig",
+    "EngineHandler",
+    "LLMEngine",
+    "ModelEndpoint",
+]
+
+EngineHandler: TypeAlias = Callable[[dict[str, Any]], Awaitable[Any]]
+"""A control or update: takes the JSON object body, returns a JSON-able Struct or dict."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """What every engine is built from, validated once.
+
+    Examples::
+
+        EngineConfig(model="demo")                                    # mocker, no adapters
+        EngineConfig(model="/models/demo", enable_lora=True, max_loras=4)
+        EngineConfig(model="demo", served_model_name="chat", options={"time_per_token_s": 0.01})
+    """
+
+    model: str
+    served_model_name: str | None = None
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 64
+    context_length: int = 2048
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a non-empty path or name")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in ``model`` for the base model."""
+        return self.served_model_name or self.model
+
+
+class ModelEndpoint(Protocol):
+    """What an engine receives in ``on_endpoint_ready``: publishing its own cards."""
+
+    @property
+    def instance_id(self) -> int:
+        """The worker's lease id, which names it in etcd and on NATS."""
+        ...
+
+    async def register_model(self, card: ModelDeploymentCard) -> None:
+        """Put ``card`` in etcd under the worker's lease (raises ``UnavailableError``)."""
+        ...
+
+    async def unregister_model(self, card: ModelDeploymentCard) -> None:
+        """Delete ``card`` from etcd (raises ``UnavailableError``)."""
+        ...
+
+
+class AdapterBackend(Protocol):
+    """The only adapter work an engine does itself: add and remove weights."""
+
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        """Make adapter ``name`` usable by ``generate``; raise a LorafleetError on failure."""
+        ...
+
+    async def remove_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` and free its slot."""
+        ...
+
+
+class LLMEngine(abc.ABC):
+    """A backend that generates text for a base model and, optionally, its adapters."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    async def start(self) -> None:  # noqa: B027
+        """Load weights and warm up; called once before anything else."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """Stream tokens for ``request``, ending with a ``FinalChunk``.
+
+        Raises a LorafleetError for a model name it does not serve. Cancelling
+        the consuming task must stop the work for this request.
+        """
+
+    def base_card(self) -> ModelDeploymentCard:
+        """The card of the base model this engine serves."""
+        name = self.config.model_name
+        return ModelDeploymentCard(
+            display_name=name,
+            slug=lora_slug(name),
+            source_path=self.config.model,
+            context_length=self.config.context_length,
+        )
+
+    def supported_controls(self) -> dict[str, EngineHandler]:
+        """Controls served under ``/engine/control/<name>``; none by default."""
+        return {}
+
+    def supported_updates(self) -> dict[str, EngineHandler]:
+        """Updates served under ``/engine/update/<name>``; none by default."""
+        return {}
+
+    async def engine_control(self, name: str, body: dict[str, Any]) -> Any:
+        """Run control ``name``; a KeyError means it is not supported."""
+        return await self.supported_controls()[name](body)
+
+    async def engine_update(self, name: str, body: dict[str, Any]) -> Any:
+        """Run update ``name``; a KeyError means it is not supported."""
+        return await self.supported_updates()[name](body)
+
+    async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:  # noqa: B027
+        """Keep ``endpoint`` to publish and retract cards; called exactly once."""
+
+    async def stop(self) -> None:  # noqa: B027
+        """Release weights and background tasks."""

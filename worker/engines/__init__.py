@@ -1,0 +1,1 @@
+"""Engine implementations: mocker, hf (transformers + peft) and vllm."""
