@@ -1,0 +1,217 @@
+"""HTTP bodies of the frontend's OpenAI-compatible API, requests and responses.
+
+Request Structs carry ``Meta`` constraints so that Litestar validates them and
+documents them in ``/openapi.json``. Fields OpenAI clients send that lorafleet
+does not use are accepted and ignored (msgspec skips unknown fields); never set
+``forbid_unknown_fields`` here. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+__all__ = [
+    "ChatChoice",
+    "ChatChunkChoice",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatContentPart",
+    "ChatDelta",
+    "ChatRequestMessage",
+    "ChatResponseMessage",
+    "CompletionChoice",
+    "CompletionRequest",
+    "CompletionResponse",
+    "FrontendHealth",
+    "ModelList",
+    "ModelObject",
+    "OpenAIError",
+    "OpenAIErrorResponse",
+    "StreamOptions",
+    "UsageInfo",
+]
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, description="at least 1")]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0, description="0 to 2")]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0, description="above 0, at most 1")]
+ModelName = Annotated[str, msgspec.Meta(min_length=1, description="a name from /v1/models")]
+Stop = str | list[str] | None
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class StreamOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """``stream_options``: ``include_usage`` adds a last chunk that carries ``usage``."""
+
+    include_usage: bool = False
+
+
+class _Sampling(msgspec.Struct, kw_only=True, frozen=True):
+    """Sampling fields both request kinds share; forwarded to the worker."""
+
+    model: ModelName
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: PositiveInt = 1
+    stop: Stop = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+class ChatContentPart(msgspec.Struct, kw_only=True, frozen=True):
+    """One part of a message's content; only ``type: "text"`` parts are served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatRequestMessage(msgspec.Struct, kw_only=True, frozen=True):
+    """One turn of ``messages``: content is text or a list of text parts."""
+
+    role: ChatRole
+    content: str | list[ChatContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True, frozen=True):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatRequestMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+
+
+class CompletionRequest(_Sampling, kw_only=True, frozen=True):
+    """Body of ``POST /v1/completions``: one prompt (a string or a list of one string)."""
+
+    prompt: str | Annotated[list[str], msgspec.Meta(min_length=1)]
+    echo: bool = False
+
+
+class UsageInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """Token counts of a request, as OpenAI reports them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatResponseMessage(msgspec.Struct, kw_only=True, frozen=True):
+    """The assistant's answer in a non-streaming chat response."""
+
+    content: str
+    role: str = "assistant"
+
+
+class ChatChoice(msgspec.Struct, kw_only=True, frozen=True):
+    """One choice of a non-streaming chat response."""
+
+    message: ChatResponseMessage
+    finish_reason: str | None
+    index: int = 0
+    logprobs: None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer of ``POST /v1/chat/completions`` without streaming."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+class ChatDelta(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What a streamed chat chunk adds: the role once, then content."""
+
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True, frozen=True):
+    """One choice of a streamed chat chunk."""
+
+    delta: ChatDelta
+    finish_reason: str | None = None
+    index: int = 0
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True, frozen=True):
+    """One SSE event of a streamed chat response; the usage chunk has no choices."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True, frozen=True):
+    """One choice of a completions response or chunk."""
+
+    text: str
+    finish_reason: str | None = None
+    index: int = 0
+    logprobs: None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer of ``POST /v1/completions``, whole or one streamed chunk of it."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    object: Literal["text_completion"] = "text_completion"
+
+
+class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
+    """One entry of ``/v1/models``; vLLM's ``root`` and ``parent`` (an adapter's base)."""
+
+    id: str
+    created: int
+    owned_by: str = "lorafleet"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+    object: Literal["model"] = "model"
+
+
+class ModelList(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer of ``GET /v1/models``."""
+
+    data: list[ModelObject]
+    object: Literal["list"] = "list"
+
+
+class OpenAIError(msgspec.Struct, kw_only=True, frozen=True):
+    """What went wrong: a message that names the problem, OpenAI's type, the field, a code."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorResponse(msgspec.Struct, kw_only=True, frozen=True):
+    """Every error the frontend answers: ``{"error": {...}}``."""
+
+    error: OpenAIError
+
+
+class FrontendHealth(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer of ``GET /health``: ``healthy`` while NATS is connected."""
+
+    status: Literal["healthy", "unhealthy"]
+    nats: str
+    models: int = 0
+    instances: int = 0
