@@ -1,0 +1,88 @@
+"""``python -m frontend``: run the OpenAI-compatible frontend with uvicorn.
+
+Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
+``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
+a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+import uvicorn
+
+from discovery.logs import configure_logging
+from frontend.app import create_app
+from frontend.config import DEFAULT_HTTP_PORT, DEFAULT_NAMESPACE, FrontendConfig
+from frontend.dispatcher import DispatchSettings
+from frontend.router import ROUTERS
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+GRACEFUL_SHUTDOWN_S: Final = 10
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The frontend's flags; each defaults to its environment variable."""
+    parser = argparse.ArgumentParser(prog="lorafleet frontend", description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--http-host", default=_env("DYN_HTTP_HOST", "0.0.0.0"), help="env DYN_HTTP_HOST")
+    add("--http-port", type=int, default=int(_env("DYN_HTTP_PORT", str(DEFAULT_HTTP_PORT))),
+        help="env DYN_HTTP_PORT (default 8000)")  # fmt: skip
+    add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
+    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
+        help="env ETCD_ENDPOINTS")  # fmt: skip
+    add("--nats-server", default=_env("NATS_SERVER", "nats://127.0.0.1:4222"),
+        help="env NATS_SERVER")  # fmt: skip
+    add("--router", choices=sorted(ROUTERS), default=_env("DYN_ROUTER_MODE", "round-robin"),
+        help="env DYN_ROUTER_MODE")  # fmt: skip
+    add("--stall-timeout-s", type=float, default=float(_env("DYN_STALL_TIMEOUT_S", "1.0")),
+        help="silence after which a worker is pinged (env DYN_STALL_TIMEOUT_S)")  # fmt: skip
+    add("--max-attempts", type=int, default=int(_env("DYN_MAX_ATTEMPTS", "3")),
+        help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> FrontendConfig:
+    """A validated config from parsed flags (raises ValueError naming the bad one)."""
+    return FrontendConfig(
+        namespace=args.namespace,
+        etcd_endpoints=args.etcd_endpoints,
+        nats_server=args.nats_server,
+        router=args.router,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        dispatch=DispatchSettings(stall_s=args.stall_timeout_s, max_attempts=args.max_attempts),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, configure logging and serve until SIGTERM/SIGINT."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    configure_logging(process="frontend")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config), host=config.http_host, port=config.http_port,
+            loop="uvloop", http="httptools", lifespan="on", access_log=False, log_config=None,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, server_header=False,
+        )
+    )  # fmt: skip
+    server.run()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Build the frontend's Litestar app: lifespan, dependencies, controllers, OpenAI errors.
+
+The lifespan connects NATS and etcd, starts the watch caches, the request plane
+and the router, and puts them on ``app.state``; handlers receive them through
+``Provide``. Every error leaves in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import structlog
+from litestar import Litestar, Request, Response
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import OpenAPIConfig
+
+from discovery.client import connect_etcd
+from frontend.config import FrontendConfig
+from frontend.controllers import (
+    ChatCompletionsController,
+    CompletionsController,
+    ModelsController,
+    SystemController,
+)
+from frontend.dispatcher import Dispatcher
+from frontend.errors import openai_error, openai_type
+from frontend.generation import GenerationService
+from frontend.metrics import FrontendMetrics
+from frontend.registry import ModelRegistry
+from frontend.request_plane import RequestPlane, connect_nats
+from frontend.router import make_router
+from proto.errors import LorafleetError
+from proto.openai import OpenAIError, OpenAIErrorResponse
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger(__name__)
+
+ENDPOINT_BY_PATH: Final = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+CODE_BY_STATUS: Final = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+_MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Litestar) -> AsyncIterator[None]:
+    """Connect everything the handlers need, and close it all in reverse on the way out."""
+    config: FrontendConfig = app.state.config
+    async with contextlib.AsyncExitStack() as stack:
+        nc = await connect_nats(config.nats_server)
+        stack.push_async_callback(nc.close)
+        plane = await RequestPlane.start(nc)
+        stack.push_async_callback(plane.aclose)
+        etcd = await connect_etcd(config.etcd_endpoints)
+        stack.push_async_callback(etcd.close)
+        registry = await ModelRegistry.start(etcd, config.namespace)
+        stack.push_async_callback(registry.aclose)
+        dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
+        app.state.plane = plane
+        app.state.registry = registry
+        app.state.service = GenerationService(registry, dispatcher, app.state.metrics)
+        log.info("frontend ready", namespace=config.namespace, router=config.router,
+                 models=len(registry.names()))  # fmt: skip
+        yield
+        log.info("frontend stopping", namespace=config.namespace)
+
+
+def _registry(state: State) -> ModelRegistry:
+    return state.registry  # type: ignore[no-any-return]
+
+
+def _plane(state: State) -> RequestPlane:
+    return state.plane  # type: ignore[no-any-return]
+
+
+def _service(state: State) -> GenerationService:
+    return state.service  # type: ignore[no-any-return]
+
+
+def _metrics(state: State) -> FrontendMetrics:
+    return state.metrics  # type: ignore[no-any-return]
+
+
+def _error_response(status: int, error: OpenAIError) -> Response[OpenAIErrorResponse]:
+    return Response(OpenAIErrorResponse(error=error), status_code=status)
+
+
+def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) -> Response[Any]:
+    status, body = openai_error(exc)
+    return Response(body, status_code=status)
+
+
+def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """Litestar's own errors (validation, unknown route, bad method) in OpenAI's shape."""
+    status = exc.status_code
+    code = CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    message, param = _describe(exc)
+    endpoint = ENDPOINT_BY_PATH.get(request.url.path.rstrip("/"))
+    if endpoint is not None:
+        request.app.state.metrics.rejected(endpoint, status, code)
+    error = OpenAIError(message=message, type=openai_type(status), param=param, code=code)
+    return _error_response(status, error)
+
+
+def _describe(exc: HTTPException) -> tuple[str, str | None]:
+    """A message that names the problem, and the field it is about when one is."""
+    if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
+        first = exc.extra[0]
+        if isinstance(first, dict) and "message" in first:
+            return _describe_field(str(first.get("key") or "data"), str(first["message"]))
+    detail = exc.detail or "request failed"
+    if exc.status_code == 400 and "JSON" in detail:
+        return f"Invalid request body: {detail}", None
+    return detail, None
+
+
+def _describe_field(key: str, problem: str) -> tuple[str, str | None]:
+    """Message and param for one msgspec validation problem at ``key`` (``data``: the body)."""
+    missing = _MISSING_FIELD.search(problem)
+    if missing:
+        field = missing.group(1)
+        param = field if key == "data" else f"{key}.{field}"
+        return f"Invalid request body: {param}: required field is missing", param
+    if key == "data":
+        if problem == "'data'":  # litestar's wording for an absent body
+            return "Invalid request body: the body is empty; send a JSON object", None
+        return f"Invalid request body: {problem}", None
+    return f"Invalid request body: {key}: {problem}", key
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.exception("unexpected error", path=request.url.path)
+    error = OpenAIError(
+        message=f"Internal error: {type(exc).__name__}: {exc}",
+        type="server_error",
+        code="internal_error",
+    )
+    return _error_response(500, error)
+
+
+def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None) -> Litestar:
+    """The frontend app; nothing connects until its lifespan starts."""
+    app = Litestar(
+        route_handlers=[
+            ChatCompletionsController,
+            CompletionsController,
+            ModelsController,
+            SystemController,
+        ],
+        lifespan=[_lifespan],
+        dependencies={
+            "registry": Provide(_registry, sync_to_thread=False),
+            "plane": Provide(_plane, sync_to_thread=False),
+            "service": Provide(_service, sync_to_thread=False),
+            "metrics": Provide(_metrics, sync_to_thread=False),
+        },
+        exception_handlers={
+            LorafleetError: _on_lorafleet_error,
+            HTTPException: _on_http_error,
+            Exception: _on_unexpected,
+        },
+        openapi_config=OpenAPIConfig(
+            title="lorafleet frontend",
+            version="1",
+            description="OpenAI-compatible API over a fleet of LoRA-serving workers.",
+            path="/",
+        ),
+        logging_config=None,
+    )
+    app.state.config = config
+    app.state.metrics = metrics or FrontendMetrics()
+    return app

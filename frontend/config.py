@@ -1,0 +1,42 @@
+"""The frontend's configuration, validated once; flags and environment fill it in ``__main__``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from frontend.dispatcher import DispatchSettings
+from frontend.router import ROUTERS
+
+__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_NAMESPACE", "FrontendConfig"]
+
+DEFAULT_HTTP_PORT: Final = 8000
+DEFAULT_NAMESPACE: Final = "lorafleet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontendConfig:
+    """Where the frontend finds etcd and NATS, which namespace it serves, how it routes.
+
+    Examples::
+
+        FrontendConfig()                                            # local defaults
+        FrontendConfig(namespace="prod", router="least-inflight")
+        FrontendConfig(etcd_endpoints="http://etcd:2379", nats_server="nats://nats:4222")
+    """
+
+    namespace: str = DEFAULT_NAMESPACE
+    etcd_endpoints: str = "http://127.0.0.1:2379"
+    nats_server: str = "nats://127.0.0.1:4222"
+    router: str = "round-robin"
+    http_host: str = "0.0.0.0"
+    http_port: int = DEFAULT_HTTP_PORT
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+
+    def __post_init__(self) -> None:
+        if not self.namespace or "/" in self.namespace or "." in self.namespace:
+            raise ValueError(f"namespace {self.namespace!r} must be non-empty, without '/' or '.'")
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port {self.http_port} is not a TCP port")

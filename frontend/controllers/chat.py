@@ -1,0 +1,40 @@
+"""``POST /v1/chat/completions``: chat, whole or streamed as server-sent events."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from litestar import Controller, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from frontend.controllers._responses import GENERATE_ERRORS
+from frontend.generation import GenerationService
+from frontend.shapes import CHAT
+from frontend.translate import chat_to_generate
+from proto.openai import ChatCompletionRequest, ChatCompletionResponse
+
+__all__ = ["ChatCompletionsController"]
+
+
+class ChatCompletionsController(Controller):
+    """OpenAI's chat completions resource."""
+
+    path = "/v1/chat/completions"
+    tags = ["chat"]
+
+    @post(
+        "/",
+        operation_id="createChatCompletion",
+        status_code=200,
+        summary="Create a chat completion",
+        description="With `stream: true` the answer is `text/event-stream`, ending `[DONE]`.",
+        responses=GENERATE_ERRORS,
+    )
+    async def create(
+        self, data: JSONBody[ChatCompletionRequest], service: NamedDependency[GenerationService]
+    ) -> ChatCompletionResponse | Stream:
+        """Answer a chat request through a worker that serves its model."""
+        answer = await service.generate(data, CHAT, chat_to_generate)
+        return cast("ChatCompletionResponse | Stream", answer)

@@ -1,0 +1,40 @@
+"""``POST /v1/completions``: text completion, whole or streamed as server-sent events."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from litestar import Controller, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+from litestar.response import Stream
+
+from frontend.controllers._responses import GENERATE_ERRORS
+from frontend.generation import GenerationService
+from frontend.shapes import COMPLETIONS
+from frontend.translate import completion_to_generate
+from proto.openai import CompletionRequest, CompletionResponse
+
+__all__ = ["CompletionsController"]
+
+
+class CompletionsController(Controller):
+    """OpenAI's (legacy) completions resource."""
+
+    path = "/v1/completions"
+    tags = ["completions"]
+
+    @post(
+        "/",
+        operation_id="createCompletion",
+        status_code=200,
+        summary="Create a completion",
+        description="With `stream: true` the answer is `text/event-stream`, ending `[DONE]`.",
+        responses=GENERATE_ERRORS,
+    )
+    async def create(
+        self, data: JSONBody[CompletionRequest], service: NamedDependency[GenerationService]
+    ) -> CompletionResponse | Stream:
+        """Answer a completions request through a worker that serves its model."""
+        answer = await service.generate(data, COMPLETIONS, completion_to_generate)
+        return cast("CompletionResponse | Stream", answer)

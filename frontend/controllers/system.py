@@ -1,0 +1,44 @@
+"""``/health`` and ``/metrics``: what load balancers and Prometheus ask."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, get
+from litestar.di import NamedDependency
+
+from frontend.metrics import METRICS_CONTENT_TYPE, FrontendMetrics
+from frontend.registry import ModelRegistry
+from frontend.request_plane import RequestPlane
+from proto.openai import FrontendHealth
+
+__all__ = ["SystemController"]
+
+
+class SystemController(Controller):
+    """Health and metrics of this frontend process."""
+
+    path = "/"
+    tags = ["system"]
+
+    @get("/health", operation_id="health", summary="Liveness and readiness", cache=False)
+    async def health(
+        self, registry: NamedDependency[ModelRegistry], plane: NamedDependency[RequestPlane]
+    ) -> Response[FrontendHealth]:
+        """200 while NATS is connected, 503 otherwise; counts what etcd shows."""
+        connected = plane.nc.is_connected
+        body = FrontendHealth(
+            status="healthy" if connected else "unhealthy",
+            nats="connected" if connected else "disconnected",
+            models=len(registry.names()),
+            instances=registry.instance_count,
+        )
+        return Response(body, status_code=200 if connected else 503)
+
+    @get(
+        "/metrics",
+        operation_id="metrics",
+        summary="Prometheus metrics",
+        media_type=METRICS_CONTENT_TYPE,
+    )
+    async def metrics(self, metrics: NamedDependency[FrontendMetrics]) -> bytes:
+        """Requests, errors, latency and time to first token per model."""
+        return metrics.render()

@@ -1,0 +1,245 @@
+"""Send a generate request to an instance that serves its model, retrying while nothing is sent.
+
+An attempt on an instance is lost when the server says nobody subscribes its
+subject, or when its replies stall and it does not answer a ``PingRequest``.
+A lost attempt, or one the worker refuses with a retryable error, moves on to
+another instance while nothing has been committed to the client: until the
+first chunk for a stream, until the final chunk for a whole completion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+import structlog
+
+from frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
+from frontend.registry import ServedModel
+from frontend.request_plane import Reply, RequestPlane, is_no_responders
+from frontend.router import Router
+from proto.discovery import Instance
+from proto.errors import LorafleetError, UpstreamError, error_from_info
+from proto.inference import (
+    ErrorChunk,
+    FinalChunk,
+    GenerateRequest,
+    StreamChunk,
+    TokenChunk,
+    decode_chunk,
+)
+
+__all__ = ["Completion", "Dispatcher", "DispatchSettings", "TokenStream"]
+
+log = structlog.get_logger(__name__)
+
+RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
+"""Worker errors that another instance may not have (shutting down, adapter gone, full)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchSettings:
+    """How patient the dispatcher is.
+
+    Examples::
+
+        DispatchSettings()                               # defaults
+        DispatchSettings(stall_s=5.0, max_attempts=2)    # slow engines, fewer retries
+    """
+
+    stall_s: float = 1.0
+    ping_timeout_s: float = 2.0
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.stall_s <= 0 or self.ping_timeout_s <= 0:
+            raise ValueError("stall_s and ping_timeout_s must be positive")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+
+
+@dataclass(kw_only=True)
+class Completion:
+    """A whole answer: text, why it ended, token counts, and when the first token came."""
+
+    text: str
+    final: FinalChunk
+    instance: Instance
+    first_token_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class _Attempt:
+    """One try of a request on one instance."""
+
+    instance: Instance
+    reply: Reply
+    started: float = field(default_factory=time.perf_counter)
+
+
+class TokenStream:
+    """The chunks of a streamed answer; the first one already arrived. ``close()`` when done."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, attempt: _Attempt, request_id: str, first: StreamChunk
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._attempt = attempt
+        self.request_id = request_id
+        self.first = first
+        self.instance = attempt.instance
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """Yield token chunks and the final chunk; raise a ``LorafleetError`` on failure."""
+        chunk = self.first
+        while True:
+            if isinstance(chunk, ErrorChunk):
+                self._done = True
+                raise WorkerError(self.instance.instance_id, error_from_info(chunk.error))
+            yield chunk
+            if isinstance(chunk, FinalChunk):
+                self._done = True
+                return
+            try:
+                chunk = await self._dispatcher._next_chunk(self._attempt)
+            except InstanceLostError as exc:
+                self._done = True
+                lost = UpstreamError(f"it stopped answering mid-stream ({exc.reason})")
+                raise WorkerError(self.instance.instance_id, lost) from exc
+
+    def close(self) -> None:
+        """Release the attempt; if the answer did not finish, cancel it at the worker."""
+        self._dispatcher._finish(self._attempt)
+        if not self._done:
+            self._done = True
+            self._dispatcher.plane.cancel(self.instance.subject, self.request_id)
+
+
+class Dispatcher:
+    """Routes generate requests to instances and reads their answers, with retries."""
+
+    def __init__(
+        self, plane: RequestPlane, router: Router, settings: DispatchSettings | None = None
+    ) -> None:
+        self.plane = plane
+        self.router = router
+        self.settings = settings or DispatchSettings()
+
+    async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
+        """Run ``request`` to its final chunk, retrying on other instances until then."""
+        tried: list[int] = []
+        last: LorafleetError | None = None
+        while len(tried) < self.settings.max_attempts:
+            attempt = await self._start(served, request, tried, last)
+            try:
+                return await self._collect(attempt)
+            except (InstanceLostError, WorkerError) as exc:
+                last = self._retryable_or_raise(exc, attempt)
+            except BaseException:
+                self.plane.cancel(attempt.instance.subject, request.request_id)
+                raise
+            finally:
+                self._finish(attempt)
+        raise self._exhausted(served, tried, last)
+
+    async def stream(self, served: ServedModel, request: GenerateRequest) -> TokenStream:
+        """Start ``request`` and wait for its first chunk, retrying elsewhere until then."""
+        tried: list[int] = []
+        last: LorafleetError | None = None
+        while len(tried) < self.settings.max_attempts:
+            attempt = await self._start(served, request, tried, last)
+            try:
+                first = await self._next_chunk(attempt)
+            except InstanceLostError as exc:
+                self._finish(attempt)
+                last = exc
+                continue
+            except BaseException:
+                self._finish(attempt)
+                self.plane.cancel(attempt.instance.subject, request.request_id)
+                raise
+            if isinstance(first, ErrorChunk):
+                error = WorkerError(attempt.instance.instance_id, error_from_info(first.error))
+                self._finish(attempt)
+                last = self._retryable_or_raise(error, attempt)
+                continue
+            return TokenStream(self, attempt, request.request_id, first)
+        raise self._exhausted(served, tried, last)
+
+    async def _start(
+        self,
+        served: ServedModel,
+        request: GenerateRequest,
+        tried: list[int],
+        last: LorafleetError | None,
+    ) -> _Attempt:
+        instance = self.router.pick(served.name, served.instances, tried)
+        if instance is None:
+            raise self._exhausted(served, tried, last)
+        tried.append(instance.instance_id)
+        self.router.started(instance.instance_id)
+        try:
+            reply = await self.plane.open(instance.subject, request)
+        except BaseException:
+            self.router.finished(instance.instance_id)
+            raise
+        return _Attempt(instance=instance, reply=reply)
+
+    async def _collect(self, attempt: _Attempt) -> Completion:
+        parts: list[str] = []
+        first_token_s: float | None = None
+        while True:
+            chunk = await self._next_chunk(attempt)
+            if isinstance(chunk, TokenChunk):
+                if first_token_s is None:
+                    first_token_s = time.perf_counter() - attempt.started
+                parts.append(chunk.text)
+            elif isinstance(chunk, FinalChunk):
+                text = "".join(parts)
+                return Completion(
+                    text=text, final=chunk, instance=attempt.instance, first_token_s=first_token_s
+                )
+            else:
+                raise WorkerError(attempt.instance.instance_id, error_from_info(chunk.error))
+
+    async def _next_chunk(self, attempt: _Attempt) -> StreamChunk:
+        """The next chunk of ``attempt``; raises ``InstanceLostError`` if its worker is gone."""
+        instance = attempt.instance
+        while True:
+            msg = await attempt.reply.next(self.settings.stall_s)
+            if msg is None:
+                if not await self.plane.ping(instance.subject, self.settings.ping_timeout_s):
+                    raise InstanceLostError(instance.instance_id, "it stopped answering")
+                continue
+            if is_no_responders(msg):
+                raise InstanceLostError(instance.instance_id, "no responder on its subject")
+            try:
+                return decode_chunk(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("undecodable chunk", instance=f"{instance.instance_id:x}", error=str(exc))
+                raise InstanceLostError(instance.instance_id, f"undecodable reply: {exc}") from exc
+
+    def _finish(self, attempt: _Attempt) -> None:
+        if not attempt.reply._closed:
+            attempt.reply.close()
+            self.router.finished(attempt.instance.instance_id)
+
+    def _retryable_or_raise(
+        self, exc: InstanceLostError | WorkerError, attempt: _Attempt
+    ) -> LorafleetError:
+        if isinstance(exc, WorkerError) and exc.error.code not in RETRYABLE_WORKER_CODES:
+            raise exc
+        log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
+                 reason=exc.message)  # fmt: skip
+        return exc
+
+    def _exhausted(
+        self, served: ServedModel, tried: list[int], last: LorafleetError | None
+    ) -> LorafleetError:
+        if isinstance(last, WorkerError):
+            return last
+        return NoLiveInstanceError(served.name, tried)

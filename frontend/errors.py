@@ -1,0 +1,161 @@
+"""Errors of the frontend, and the one table that maps error codes to HTTP statuses.
+
+Hierarchy::
+
+    proto.errors.InvalidRequestError
+    └── BadFieldError            a request field is wrong (param names it)       400
+    proto.errors.NotFoundError
+    └── ModelNotFoundError       no live instance serves that name               404
+    proto.errors.UnavailableError
+    ├── NoLiveInstanceError      the model is known but no instance answered     503
+    └── InstanceLostError        one instance stopped answering (retried)        503
+    proto.errors.UpstreamError
+    └── WorkerError              a worker answered with an error                 502
+
+Edit :data:`HTTP_STATUS_BY_CODE` to change what status a code answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Final
+
+from proto.errors import (
+    InvalidRequestError,
+    LorafleetError,
+    NotFoundError,
+    UnavailableError,
+    UpstreamError,
+)
+from proto.openai import OpenAIError, OpenAIErrorResponse
+
+__all__ = [
+    "BadFieldError",
+    "HTTP_STATUS_BY_CODE",
+    "InstanceLostError",
+    "ModelNotFoundError",
+    "NoLiveInstanceError",
+    "OPENAI_TYPE_BY_STATUS",
+    "WorkerError",
+    "http_status",
+    "openai_error",
+    "openai_type",
+]
+
+HTTP_STATUS_BY_CODE: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "invalid_request": 400,
+        "unauthorized": 401,
+        "not_found": 404,
+        "conflict": 409,
+        "capacity": 429,
+        "internal_error": 500,
+        "upstream_error": 502,
+        "unavailable": 503,
+    }
+)
+"""The HTTP status each stable error code answers; unknown codes answer 500."""
+
+OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
+    {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "invalid_request_error",
+        405: "invalid_request_error",
+        409: "invalid_request_error",
+        413: "invalid_request_error",
+        415: "invalid_request_error",
+        429: "rate_limit_error",
+    }
+)
+"""OpenAI's error ``type`` by status; anything else is a ``server_error``."""
+
+MAX_NAMES_IN_MESSAGE: Final = 20
+
+
+def http_status(code: str) -> int:
+    """Return the HTTP status of a stable error code."""
+    return HTTP_STATUS_BY_CODE.get(code, 500)
+
+
+def openai_type(status: int) -> str:
+    """Return OpenAI's error ``type`` for an HTTP status."""
+    return OPENAI_TYPE_BY_STATUS.get(status, "server_error")
+
+
+def openai_error(exc: LorafleetError) -> tuple[int, OpenAIErrorResponse]:
+    """The HTTP status and OpenAI error body for one of our errors."""
+    status = exc.status if isinstance(exc, WorkerError) else http_status(exc.code)
+    error = OpenAIError(
+        message=exc.message,
+        type=openai_type(status),
+        param=getattr(exc, "param", None),
+        code=exc.code,
+    )
+    return status, OpenAIErrorResponse(error=error)
+
+
+class BadFieldError(InvalidRequestError):
+    """A request field is missing or wrong; ``param`` names it."""
+
+    def __init__(self, param: str, problem: str) -> None:
+        self.param = param
+        super().__init__(f"Invalid request: {param}: {problem}")
+
+
+class ModelNotFoundError(NotFoundError):
+    """Nobody serves ``model``; the message lists what is available."""
+
+    param = "model"
+
+    def __init__(self, model: str, available: Iterable[str]) -> None:
+        self.model = model
+        names = sorted(available)
+        shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE]) or "none"
+        more = (
+            f" and {len(names) - MAX_NAMES_IN_MESSAGE} more"
+            if len(names) > MAX_NAMES_IN_MESSAGE
+            else ""
+        )
+        super().__init__(
+            f"The model {model!r} does not exist or no live instance serves it; "
+            f"available models: {shown}{more}"
+        )
+
+
+class NoLiveInstanceError(UnavailableError):
+    """The model is known but no instance of it could be reached."""
+
+    param = "model"
+
+    def __init__(self, model: str, tried: Iterable[int] = ()) -> None:
+        self.model = model
+        self.tried = list(tried)
+        ids = ", ".join(f"{instance:x}" for instance in self.tried)
+        detail = f"; instances tried: {ids}" if ids else ""
+        super().__init__(f"No live instance serves model {model!r} right now{detail}")
+
+
+class InstanceLostError(UnavailableError):
+    """An instance has no responder or stopped answering; another may be tried."""
+
+    def __init__(self, instance_id: int, reason: str) -> None:
+        self.instance_id = instance_id
+        self.reason = reason
+        super().__init__(f"Worker instance {instance_id:x} is not answering: {reason}")
+
+
+class WorkerError(UpstreamError):
+    """A worker answered a request with an error; the message is the worker's."""
+
+    def __init__(self, instance_id: int, error: LorafleetError) -> None:
+        self.instance_id = instance_id
+        self.error = error
+        super().__init__(f"Worker instance {instance_id:x} failed: {error.message}")
+
+    @property
+    def status(self) -> int:
+        """502, or the worker error's own status when the caller is at fault (4xx)."""
+        own = http_status(self.error.code)
+        return own if 400 <= own < 500 else 502

@@ -1,0 +1,148 @@
+"""Serve one OpenAI generate request: resolve the model, dispatch, shape the answer, count it.
+
+Shared by the chat and completions controllers. A stream's HTTP status is
+decided before its first byte: errors up to the first chunk answer with their
+status; later ones end the stream with an ``error`` event and ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Final, TypeAlias, TypeVar
+
+import msgspec
+import structlog
+from litestar.response import Stream
+
+from frontend.dispatcher import Dispatcher, TokenStream
+from frontend.errors import ModelNotFoundError, NoLiveInstanceError, openai_error
+from frontend.metrics import FrontendMetrics
+from frontend.registry import ModelRegistry, ServedModel
+from frontend.shapes import SSE_DONE, Answer, Shape, sse
+from proto.errors import LorafleetError
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from proto.openai import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["SSE_HEADERS", "GenerationService", "ToGenerate"]
+
+log = structlog.get_logger(__name__)
+
+SSE_HEADERS: Final = {
+    # Litestar lets the handler's JSON media type win over Stream's own; a header does not.
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+_Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
+ToGenerate: TypeAlias = Callable[[_Body, ServedModel, str], GenerateRequest]
+"""Builds the request-plane message from a validated body, a served model and a request id."""
+
+
+class GenerationService:
+    """Turns validated OpenAI bodies into answers through the dispatcher."""
+
+    def __init__(
+        self, registry: ModelRegistry, dispatcher: Dispatcher, metrics: FrontendMetrics
+    ) -> None:
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+
+    def resolve(self, name: str) -> ServedModel:
+        """The served model called ``name``; 404 if nobody serves it, 503 if none is live."""
+        served = self.registry.get(name)
+        if served is not None:
+            return served
+        if self.registry.known(name):
+            raise NoLiveInstanceError(name)
+        raise ModelNotFoundError(name, self.registry.names())
+
+    async def generate(
+        self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body]
+    ) -> msgspec.Struct | Stream:
+        """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming."""
+        started = time.perf_counter()
+        label = ""
+        try:
+            served = self.resolve(body.model)
+            label = served.name
+            answer = Answer(
+                id=shape.id_prefix + os.urandom(12).hex(), created=int(time.time()), model=label
+            )
+            request = to_generate(body, served, answer.id)
+        except LorafleetError as exc:
+            self._count_failure(label, shape.endpoint, exc, started)
+            raise
+        self.metrics.started(label, shape.endpoint)
+        if body.stream:
+            return await self._open_stream(served, request, shape, answer, body, started)
+        try:
+            completion = await self.dispatcher.complete(served, request)
+        except LorafleetError as exc:
+            self._count_failure(label, shape.endpoint, exc, started)
+            raise
+        finally:
+            self.metrics.ended(label, shape.endpoint)
+        if completion.first_token_s is not None:
+            self.metrics.first_token_after(label, shape.endpoint, completion.first_token_s)
+        self.metrics.answered(label, shape.endpoint, 200, time.perf_counter() - started)
+        return shape.whole(answer, completion.text, completion.final)
+
+    async def _open_stream(
+        self,
+        served: ServedModel,
+        request: GenerateRequest,
+        shape: Shape,
+        answer: Answer,
+        body: ChatCompletionRequest | CompletionRequest,
+        started: float,
+    ) -> Stream:
+        try:
+            tokens = await self.dispatcher.stream(served, request)
+        except BaseException as exc:
+            self.metrics.ended(answer.model, shape.endpoint)
+            if isinstance(exc, LorafleetError):
+                self._count_failure(answer.model, shape.endpoint, exc, started)
+            raise
+        if isinstance(tokens.first, TokenChunk):
+            self.metrics.first_token_after(
+                answer.model, shape.endpoint, time.perf_counter() - started
+            )
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        frames = self._frames(tokens, shape, answer, include_usage, started)
+        return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _frames(
+        self, tokens: TokenStream, shape: Shape, answer: Answer, include_usage: bool, started: float
+    ) -> AsyncIterator[bytes]:
+        """The SSE events of one stream; always closes it (which cancels an unfinished one)."""
+        try:
+            opening = shape.opening(answer)
+            if opening:
+                yield opening
+            async for chunk in tokens:
+                if isinstance(chunk, TokenChunk):
+                    yield shape.token(answer, chunk.text)
+                elif isinstance(chunk, FinalChunk):
+                    yield shape.finishing(answer, chunk)
+                    if include_usage:
+                        yield shape.usage(answer, chunk)
+            yield SSE_DONE
+        except LorafleetError as exc:
+            log.warning("stream failed", model=answer.model, request=answer.id, error=exc.message)
+            self.metrics.failed(answer.model, shape.endpoint, exc.code)
+            yield sse(openai_error(exc)[1]) + SSE_DONE
+        finally:
+            tokens.close()
+            self.metrics.ended(answer.model, shape.endpoint)
+            self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
+
+    def _count_failure(
+        self, label: str, endpoint: str, exc: LorafleetError, started: float
+    ) -> None:
+        status, _body = openai_error(exc)
+        self.metrics.failed(label, endpoint, exc.code)
+        self.metrics.answered(label, endpoint, status, time.perf_counter() - started)

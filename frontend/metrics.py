@@ -1,0 +1,88 @@
+"""Prometheus metrics of one frontend: requests, errors, latency and time to first token.
+
+Each frontend app owns its own ``CollectorRegistry``, so several apps can live
+in one process (tests). Labels are the served model name (``""`` for a name
+nobody serves, to bound cardinality) and the endpoint (``chat``, ``completions``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["METRICS_CONTENT_TYPE", "FrontendMetrics"]
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS_S: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+
+
+class FrontendMetrics:
+    """The frontend's counters and histograms, with label children cached per model."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ("model", "endpoint")
+        self.requests = Counter(
+            "lorafleet_frontend_requests", "HTTP requests answered, by status",
+            [*labels, "status"], registry=self.registry,
+        )  # fmt: skip
+        self.errors = Counter(
+            "lorafleet_frontend_errors", "Requests that failed, by error code",
+            [*labels, "code"], registry=self.registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "lorafleet_frontend_request_duration_seconds", "Request time to the last byte",
+            labels, buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.first_token = Histogram(
+            "lorafleet_frontend_time_to_first_token_seconds", "Request time to the first token",
+            labels, buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+        self.inflight = Gauge(
+            "lorafleet_frontend_inflight_requests", "Generate requests in progress",
+            labels, registry=self.registry,
+        )  # fmt: skip
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def started(self, model: str, endpoint: str) -> None:
+        """A generate request for a served model began."""
+        self._child(self.inflight, model, endpoint).inc()
+
+    def ended(self, model: str, endpoint: str) -> None:
+        """A generate request that ``started`` ended, however it ended."""
+        self._child(self.inflight, model, endpoint).dec()
+
+    def answered(self, model: str, endpoint: str, status: int, duration_s: float) -> None:
+        """Count one answered request and its latency."""
+        self._child(self.requests, model, endpoint, str(status)).inc()
+        self._child(self.latency, model, endpoint).observe(duration_s)
+
+    def failed(self, model: str, endpoint: str, code: str) -> None:
+        """Count one error by its stable code."""
+        self._child(self.errors, model, endpoint, code).inc()
+
+    def rejected(self, endpoint: str, status: int, code: str) -> None:
+        """Count a request refused before it named a served model (e.g. an invalid body)."""
+        self._child(self.requests, "", endpoint, str(status)).inc()
+        self._child(self.errors, "", endpoint, code).inc()
+
+    def first_token_after(self, model: str, endpoint: str, seconds: float) -> None:
+        """Record the time to the first token."""
+        self._child(self.first_token, model, endpoint).observe(seconds)
+
+    def render(self) -> bytes:
+        """The text exposition format of every metric."""
+        return generate_latest(self.registry)
+
+    def _child(self, metric: _M, *labels: str) -> _M:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

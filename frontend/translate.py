@@ -1,0 +1,151 @@
+"""Translate between OpenAI bodies and the request plane: pure functions, no I/O.
+
+Checks here are the ones ``Meta`` constraints cannot express (``n``, content
+parts, ``stream_options`` without ``stream``, a ``max_tokens`` above the
+context); each raises ``BadFieldError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from frontend.errors import BadFieldError
+from frontend.registry import ServedModel
+from proto.inference import ChatMessage, FinishReason, GenerateRequest, SamplingParams, Usage
+from proto.openai import (
+    ChatCompletionRequest,
+    ChatContentPart,
+    ChatRequestMessage,
+    CompletionRequest,
+    UsageInfo,
+)
+
+__all__ = [
+    "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "FALLBACK_MAX_TOKENS",
+    "chat_to_generate",
+    "completion_to_generate",
+    "openai_finish_reason",
+    "usage_info",
+]
+
+COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
+"""OpenAI's documented default for ``/v1/completions``."""
+
+FALLBACK_MAX_TOKENS: Final = 256
+"""Chat default when the card gives no context length (otherwise: the context length)."""
+
+_FINISH_REASONS: Final[Mapping[FinishReason, str]] = MappingProxyType(
+    {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+)
+
+
+def openai_finish_reason(reason: FinishReason) -> str:
+    """OpenAI's (and vLLM's) name for why generation ended."""
+    return _FINISH_REASONS.get(reason, reason)
+
+
+def usage_info(usage: Usage) -> UsageInfo:
+    """OpenAI's usage object from the worker's counts."""
+    return UsageInfo(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+    )
+
+
+def chat_to_generate(
+    body: ChatCompletionRequest, served: ServedModel, request_id: str
+) -> GenerateRequest:
+    """The generate request for a chat body; raises ``BadFieldError``."""
+    _check_serves(served, "chat", "chat completions")
+    _check_common(body)
+    messages = [_flatten(message, index) for index, message in enumerate(body.messages)]
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    context = served.card.context_length
+    return GenerateRequest(
+        request_id=request_id,
+        model=body.model,
+        messages=messages,
+        sampling=_sampling(body, max_tokens or context or FALLBACK_MAX_TOKENS, context, param),
+    )
+
+
+def completion_to_generate(
+    body: CompletionRequest, served: ServedModel, request_id: str
+) -> GenerateRequest:
+    """The generate request for a completions body; raises ``BadFieldError``."""
+    _check_serves(served, "completions", "completions")
+    _check_common(body)
+    if body.echo:
+        raise BadFieldError("echo", "echo=true is not supported")
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise BadFieldError(
+                "prompt", f"batched prompts are not supported: got {len(prompt)}, send one"
+            )
+        prompt = prompt[0]
+    max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    context = served.card.context_length
+    return GenerateRequest(
+        request_id=request_id,
+        model=body.model,
+        prompt=prompt,
+        sampling=_sampling(body, max_tokens, context, "max_tokens"),
+    )
+
+
+def _check_serves(served: ServedModel, kind: str, what: str) -> None:
+    if kind not in served.card.model_type:
+        raise BadFieldError("model", f"{served.name!r} does not serve {what}")
+
+
+def _check_common(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.n != 1:
+        raise BadFieldError("n", f"only n=1 is supported, got {body.n}")
+    if body.stream_options is not None and not body.stream:
+        raise BadFieldError("stream_options", "is allowed only when stream is true")
+    stop = body.stop
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if any(not text for text in stops):
+        raise BadFieldError("stop", "stop sequences must not be empty strings")
+
+
+def _sampling(
+    body: ChatCompletionRequest | CompletionRequest, max_tokens: int, context: int, param: str
+) -> SamplingParams:
+    if context and max_tokens > context:
+        raise BadFieldError(
+            param, f"{max_tokens} is more than the model's context length of {context} tokens"
+        )
+    stop = body.stop
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        stop=[stop] if isinstance(stop, str) else list(stop or ()),
+        seed=body.seed,
+    )
+
+
+def _flatten(message: ChatRequestMessage, index: int) -> ChatMessage:
+    content = message.content
+    if content is None:
+        return ChatMessage(role=message.role, content="")
+    if isinstance(content, str):
+        return ChatMessage(role=message.role, content=content)
+    texts = [_part_text(part, index, position) for position, part in enumerate(content)]
+    return ChatMessage(role=message.role, content="\n".join(texts))
+
+
+def _part_text(part: ChatContentPart, index: int, position: int) -> str:
+    where = f"messages[{index}].content[{position}]"
+    if part.type != "text":
+        raise BadFieldError(f"{where}.type", f"only 'text' parts are supported, got {part.type!r}")
+    if part.text is None:
+        raise BadFieldError(f"{where}.text", "a text part needs a 'text' string")
+    return part.text

@@ -1,0 +1,89 @@
+"""Fixtures of the frontend tests: an in-process frontend on a real port, stand-in workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+from litestar import Litestar
+
+from discovery.client import EtcdClient
+from frontend.app import create_app
+from frontend.config import FrontendConfig
+from frontend.dispatcher import DispatchSettings
+from launch.local_servers import free_port
+from tests.frontend.stand_in import StandInWorker
+
+FAST_DISPATCH = DispatchSettings(stall_s=0.3, ping_timeout_s=0.5)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without signal handlers: the test process keeps its own."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningFrontend:
+    url: str
+    app: Litestar
+    http: httpx.AsyncClient
+
+    @property
+    def registry(self):
+        return self.app.state.registry
+
+
+@contextlib.asynccontextmanager
+async def run_frontend(config: FrontendConfig) -> AsyncIterator[RunningFrontend]:
+    """Serve a frontend app on a free 127.0.0.1 port inside the test's event loop."""
+    port = free_port()
+    app = create_app(dataclasses.replace(config, http_host="127.0.0.1", http_port=port))
+    server = _QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                         access_log=False, lifespan="on"))  # fmt: skip
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            raise RuntimeError("frontend did not start")
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        yield RunningFrontend(url=url, app=app, http=http)
+    server.should_exit = True
+    await task
+
+
+@pytest.fixture
+async def frontend(etcd_url: str, nats_url: str, namespace: str) -> AsyncIterator[RunningFrontend]:
+    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+                            dispatch=FAST_DISPATCH)  # fmt: skip
+    async with run_frontend(config) as running:
+        yield running
+
+
+@pytest.fixture
+async def workers(
+    nats_url: str, etcd: EtcdClient, namespace: str
+) -> AsyncIterator[list[StandInWorker]]:
+    """A list the test appends started stand-ins to; all are stopped afterwards."""
+    started: list[StandInWorker] = []
+    yield started
+    for worker in started:
+        with contextlib.suppress(Exception):
+            await worker.stop()
+
+
+async def wait_for_models(frontend: RunningFrontend, names: set[str], timeout_s: float = 5) -> None:
+    """Wait until the frontend's registry serves exactly ``names``."""
+    async with asyncio.timeout(timeout_s):
+        while set(frontend.registry.names()) != names:
+            await asyncio.sleep(0.02)
