@@ -8,8 +8,8 @@ __all__ = [
     "ADAPTER_OPERATIONS",
     "GENERATED_TOKENS",
     "INFLIGHT_REQUESTS",
-    "REQUEST_SECONDS",
     "REQUESTS",
+    "REQUEST_SECONDS",
 ]
 
 REQUESTS = Counter(
