@@ -20,6 +20,7 @@ from proto.discovery import (
     encode_record,
 )
 from proto.errors import (
+    HTTP_STATUS_BY_CODE,
     CapacityError,
     ConflictError,
     ErrorInfo,
@@ -30,6 +31,7 @@ from proto.errors import (
     UnavailableError,
     UpstreamError,
     error_from_info,
+    http_status,
 )
 from proto.inference import (
     CancelRequest,
@@ -101,6 +103,7 @@ __all__ = [
     "FinishReason",
     "FrontendHealth",
     "GenerateRequest",
+    "HTTP_STATUS_BY_CODE",
     "Instance",
     "InstanceMessage",
     "InvalidRequestError",
@@ -139,6 +142,7 @@ __all__ = [
     "encode_msg",
     "encode_record",
     "error_from_info",
+    "http_status",
     "lora_id",
     "lora_slug",
     "validate_lora_name",
