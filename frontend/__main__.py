@@ -8,9 +8,12 @@ a command line.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import uvicorn
@@ -64,6 +67,21 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn whose SIGTERM/SIGINT end the process with status 0 instead of re-raising."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, configure logging and serve until SIGTERM/SIGINT."""
     parser = build_parser()
@@ -73,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(process="frontend")
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             create_app(config), host=config.http_host, port=config.http_port,
             loop="uvloop", http="httptools", lifespan="on", access_log=False, log_config=None,

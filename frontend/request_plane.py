@@ -31,6 +31,8 @@ log = structlog.get_logger(__name__)
 
 NATS_CONNECT_TIMEOUT_S: Final = 3.0
 NATS_RECONNECT_WAIT_S: Final = 0.5
+NATS_START_ATTEMPTS: Final = 3
+"""Tries per server at start; once connected the client reconnects forever."""
 _STATUS_HEADER: Final = "Status"
 _NO_RESPONDERS: Final = "503"
 
@@ -42,24 +44,26 @@ def is_no_responders(msg: Msg) -> bool:
 
 
 async def connect_nats(servers: str, *, name: str = "lorafleet-frontend") -> NatsClient:
-    """Connect to NATS (reconnecting forever later); raises ``UnavailableError`` at start."""
+    """Connect to NATS, reconnecting forever once connected; ``UnavailableError`` at start."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error", error=str(exc))
 
     async def on_disconnected() -> None:
-        log.warning("nats disconnected", servers=servers)
+        if client and not (client[0].is_closed or client[0].is_draining):
+            log.warning("nats disconnected", servers=servers)
 
     async def on_reconnected() -> None:
         log.info("nats reconnected", servers=servers)
 
+    client: list[NatsClient] = []
     try:
-        return await nats.connect(
+        nc = await nats.connect(
             servers.split(","),
             name=name,
             connect_timeout=NATS_CONNECT_TIMEOUT_S,
             reconnect_time_wait=NATS_RECONNECT_WAIT_S,
-            max_reconnect_attempts=-1,
+            max_reconnect_attempts=NATS_START_ATTEMPTS - 1,
             allow_reconnect=True,
             error_cb=on_error,
             disconnected_cb=on_disconnected,
@@ -70,6 +74,9 @@ async def connect_nats(servers: str, *, name: str = "lorafleet-frontend") -> Nat
             f"NATS at {servers} is unavailable ({exc or type(exc).__name__}); "
             "check that nats-server is running and NATS_SERVER points at it"
         ) from exc
+    nc.options["max_reconnect_attempts"] = -1  # read on every reconnect: never give up
+    client.append(nc)
+    return nc
 
 
 class Reply:

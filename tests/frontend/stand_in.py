@@ -94,7 +94,9 @@ class StandInWorker:
         await self.lease.put(instance_key(*ids), encode_record(instance))
         await self.lease.put(base_card_key(*ids), encode_record(self.base_card()))
         for name in self.adapters:
-            await self.lease.put(lora_card_key(*ids, lora_slug(name)), encode_record(self.card(name)))
+            await self.lease.put(
+                lora_card_key(*ids, lora_slug(name)), encode_record(self.card(name))
+            )
         return self
 
     def base_card(self) -> ModelDeploymentCard:

@@ -1,0 +1,89 @@
+"""The model registry: a name is served while a live instance record has its card."""
+
+from __future__ import annotations
+
+import asyncio
+
+from discovery.keys import base_card_key, instance_key, lora_card_key
+from frontend.registry import ModelRegistry, build_index
+from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
+from proto.naming import lora_id, lora_slug
+
+NS = "ns"
+
+
+def _instance(instance_id: int, started_at: float = 100.0) -> Instance:
+    return Instance(namespace=NS, component="backend", endpoint="generate",
+                    instance_id=instance_id, subject=f"{NS}.backend.generate-{instance_id:x}",
+                    started_at=started_at)  # fmt: skip
+
+
+def _base(name: str = "demo") -> ModelDeploymentCard:
+    return ModelDeploymentCard(display_name=name, slug=lora_slug(name), source_path=f"/m/{name}")
+
+
+def _adapter(name: str, base: str = "demo") -> ModelDeploymentCard:
+    lora = LoraInfo(name=name, lora_id=lora_id(name), base_model=base, uri=f"file:///a/{name}")
+    return ModelDeploymentCard(display_name=name, slug=lora_slug(name), lora=lora)
+
+
+def _records(*ids: int, adapters: dict[int, list[str]] | None = None):
+    instances = {instance_key(NS, "backend", "generate", i): _instance(i) for i in ids}
+    cards = {base_card_key(NS, "backend", "generate", i): _base() for i in ids}
+    for i, names in (adapters or {}).items():
+        for name in names:
+            cards[lora_card_key(NS, "backend", "generate", i, lora_slug(name))] = _adapter(name)
+    return instances, cards
+
+
+def test_a_name_served_by_two_instances_is_listed_once_with_both() -> None:
+    index = build_index(*_records(2, 1))
+    assert list(index) == ["demo"]
+    assert [i.instance_id for i in index["demo"].instances] == [1, 2]
+
+
+def test_adapters_have_their_base_as_parent_and_their_uri_as_root() -> None:
+    index = build_index(*_records(1, 2, adapters={2: ["pirate"]}))
+    assert list(index) == ["demo", "pirate"]
+    pirate = index["pirate"]
+    assert (pirate.parent, pirate.root) == ("demo", "file:///a/pirate")
+    assert [i.instance_id for i in pirate.instances] == [2]
+    assert (index["demo"].parent, index["demo"].root) == (None, "/m/demo")
+
+
+def test_a_card_without_a_live_instance_record_is_not_served() -> None:
+    instances, cards = _records(1, 2, adapters={2: ["pirate"]})
+    del instances[instance_key(NS, "backend", "generate", 2)]
+    index = build_index(instances, cards)
+    assert list(index) == ["demo"]
+    assert [i.instance_id for i in index["demo"].instances] == [1]
+
+
+def test_an_instance_without_cards_serves_nothing() -> None:
+    instances, _cards = _records(1)
+    assert build_index(instances, {}) == {}
+
+
+async def test_registry_follows_etcd_as_workers_come_and_go(etcd, namespace) -> None:
+    async with await ModelRegistry.start(etcd, namespace) as registry:
+        assert registry.names() == []
+        keys = (namespace, "backend", "generate", 0xAB)
+        instance = Instance(namespace=namespace, component="backend", endpoint="generate",
+                            instance_id=0xAB, subject="x", started_at=5.0)  # fmt: skip
+        await etcd.put(instance_key(*keys).encode(), encode_record(instance))
+        await etcd.put(base_card_key(*keys).encode(), encode_record(_base()))
+        pirate_key = lora_card_key(*keys, lora_slug("pirate"))
+        await etcd.put(pirate_key.encode(), encode_record(_adapter("pirate")))
+        await _until(lambda: registry.names() == ["demo", "pirate"])
+        assert registry.get("pirate").created == 5
+        await etcd.delete(pirate_key.encode())
+        await _until(lambda: registry.names() == ["demo"])
+        await etcd.delete(instance_key(*keys).encode())
+        await _until(lambda: registry.names() == [])
+        assert registry.known("demo")
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)

@@ -1,0 +1,105 @@
+"""The request plane on a real NATS server: reply routing, no-responder status, ping, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+
+from frontend.request_plane import RequestPlane, connect_nats, is_no_responders
+from proto.errors import UnavailableError
+from proto.inference import (
+    CancelRequest,
+    GenerateRequest,
+    PingRequest,
+    TokenChunk,
+    UpdateReply,
+    decode_chunk,
+    decode_instance_message,
+    encode_msg,
+)
+
+
+@pytest.fixture
+async def plane(nats_url: str) -> AsyncIterator[RequestPlane]:
+    plane = await RequestPlane.start(await connect_nats(nats_url))
+    yield plane
+    await plane.aclose()
+
+
+@pytest.fixture
+async def echo(nats_url: str, namespace: str) -> AsyncIterator[tuple[str, list]]:
+    """A subject that answers each generate request with three chunks naming its request."""
+    subject, seen = f"{namespace}.echo", []
+    nc = await nats.connect(nats_url)
+
+    async def answer(msg) -> None:
+        message = decode_instance_message(msg.data)
+        seen.append(message)
+        if isinstance(message, GenerateRequest):
+            for index in range(3):
+                chunk = TokenChunk(text=f"{message.request_id}:{index}")
+                await nc.publish(msg.reply, encode_msg(chunk))
+        elif isinstance(message, PingRequest):
+            await nc.publish(msg.reply, encode_msg(UpdateReply()))
+
+    await nc.subscribe(subject, cb=answer)
+    await nc.flush()
+    yield subject, seen
+    await nc.close()
+
+
+async def _texts(reply, count: int) -> list[str]:
+    return [decode_chunk((await reply.next(5)).data).text for _ in range(count)]
+
+
+async def test_concurrent_requests_each_get_their_own_replies(plane, echo) -> None:
+    subject, _seen = echo
+    replies = [
+        await plane.open(subject, GenerateRequest(request_id=f"r{i}", model="m")) for i in range(20)
+    ]
+    texts = await asyncio.gather(*(_texts(reply, 3) for reply in replies))
+    assert texts == [[f"r{i}:{k}" for k in range(3)] for i in range(20)]
+    for reply in replies:
+        reply.close()
+    assert plane.open_replies == 0
+
+
+async def test_a_subject_nobody_serves_answers_no_responders(plane, namespace) -> None:
+    reply = await plane.open(f"{namespace}.nobody", GenerateRequest(request_id="r", model="m"))
+    msg = await reply.next(5)
+    reply.close()
+    assert msg is not None and is_no_responders(msg)
+
+
+async def test_next_returns_none_when_nothing_arrives_in_time(plane, nats_url, namespace) -> None:
+    silent = await nats.connect(nats_url)
+    await silent.subscribe(f"{namespace}.silent")
+    await silent.flush()
+    reply = await plane.open(f"{namespace}.silent", GenerateRequest(request_id="r", model="m"))
+    assert await reply.next(0.1) is None
+    reply.close()
+    await silent.close()
+
+
+async def test_ping_tells_live_from_absent(plane, echo, namespace) -> None:
+    subject, _seen = echo
+    assert await plane.ping(subject, 2)
+    assert not await plane.ping(f"{namespace}.nobody", 2)
+
+
+async def test_cancel_reaches_the_instance(plane, echo) -> None:
+    subject, seen = echo
+    plane.cancel(subject, "r9")
+    async with asyncio.timeout(5):
+        while CancelRequest(request_id="r9") not in seen:
+            await asyncio.sleep(0.01)
+
+
+async def test_unreachable_nats_is_a_clear_unavailable_error() -> None:
+    from launch.local_servers import free_port
+
+    with pytest.raises(UnavailableError, match="NATS_SERVER"):
+        await connect_nats(f"nats://127.0.0.1:{free_port()}")

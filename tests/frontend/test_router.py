@@ -1,0 +1,72 @@
+"""Router choice: round robin and fewest in flight, skipping instances that failed."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from frontend.router import LeastInflightRouter, RoundRobinRouter, make_router
+from proto.discovery import Instance
+
+
+def _instances(count: int) -> list[Instance]:
+    return [
+        Instance(namespace="ns", component="backend", endpoint="generate", instance_id=i,
+                 subject=f"ns.backend.generate-{i:x}")
+        for i in range(1, count + 1)
+    ]  # fmt: skip
+
+
+def test_round_robin_spreads_requests_evenly() -> None:
+    router, instances = RoundRobinRouter(), _instances(3)
+    picks = collections.Counter(router.pick("demo", instances).instance_id for _ in range(300))
+    assert picks == {1: 100, 2: 100, 3: 100}
+
+
+def test_round_robin_keeps_a_turn_per_model() -> None:
+    router, instances = RoundRobinRouter(), _instances(2)
+    first_a = router.pick("a", instances)
+    first_b = router.pick("b", instances)
+    assert first_a == first_b == instances[0]
+
+
+def test_excluded_instances_are_skipped_and_none_when_all_are_excluded() -> None:
+    instances = _instances(3)
+    for router in (RoundRobinRouter(), LeastInflightRouter()):
+        for _ in range(6):
+            assert router.pick("demo", instances, exclude={1, 3}) == instances[1]
+        assert router.pick("demo", instances, exclude={1, 2, 3}) is None
+        assert router.pick("demo", [], exclude=()) is None
+
+
+def test_least_inflight_picks_the_idle_instance() -> None:
+    router, instances = LeastInflightRouter(), _instances(3)
+    router.started(1)
+    router.started(1)
+    router.started(3)
+    assert router.pick("demo", instances) == instances[1]
+    router.finished(1)
+    router.finished(1)
+    router.started(2)
+    router.started(2)
+    assert router.pick("demo", instances) == instances[0]
+
+
+def test_least_inflight_rotates_among_equally_loaded_instances() -> None:
+    router, instances = LeastInflightRouter(), _instances(3)
+    picks = collections.Counter(router.pick("demo", instances).instance_id for _ in range(30))
+    assert picks == {1: 10, 2: 10, 3: 10}
+
+
+def test_inflight_counts_return_to_zero() -> None:
+    router = RoundRobinRouter()
+    router.started(7)
+    router.finished(7)
+    router.finished(7)
+    assert router.inflight(7) == 0
+
+
+def test_unknown_router_name_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match="round-robin, least-inflight"):
+        make_router("random")
