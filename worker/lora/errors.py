@@ -51,7 +51,7 @@ class LoraSourceError(LorafleetError):
         self.hint = hint
         self.failures = failures
         message = f"LoRA source {self.uri}: {reason}"
-        super().__init__(f"{message}; {hint}" if hint else message)
+        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri)
 
 
 class LoraInvalidUriError(LoraSourceError, InvalidRequestError):

@@ -34,6 +34,28 @@ def test_truncated_safetensors_is_caught(
     assert problem is not None and "truncated" in problem
 
 
+def test_placeholder_weights_pass_but_empty_ones_do_not(tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    weights = tmp_path / "adapter_model.safetensors"
+    weights.write_bytes(b"\x00" * 16)  # what engines that read no weights are given
+    assert adapter_problem(tmp_path) is None
+
+    weights.write_bytes(b"")
+
+    assert adapter_problem(tmp_path) == "adapter_model.safetensors is empty"
+
+
+def test_safetensors_cut_inside_its_header_is_caught(
+    tmp_path: Path, make_adapter: Callable[..., Path], adapter_bytes: Callable[..., Any]
+) -> None:
+    files = adapter_bytes()
+    files["adapter_model.safetensors"] = files["adapter_model.safetensors"][:40]
+
+    problem = adapter_problem(make_adapter(tmp_path / "a", files))
+
+    assert problem == "adapter_model.safetensors is truncated (in its header)"
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [

@@ -187,7 +187,7 @@ async def test_invalid_files_from_a_source_are_refused_and_not_cached(tmp_path: 
 
 
 async def test_partial_cache_entry_is_replaced_by_a_fresh_download(
-    tmp_path: Path, make_adapter: Callable[..., Path]
+    tmp_path: Path, make_adapter: Callable[..., Path], adapter_bytes: Callable[..., Any]
 ) -> None:
     source = RecordingSource(make_adapter)
     manager = _manager(tmp_path)
@@ -195,7 +195,8 @@ async def test_partial_cache_entry_is_replaced_by_a_fresh_download(
     partial = tmp_path / "cache" / cache_key("demo://x")
     partial.mkdir(parents=True)
     (partial / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    (partial / "adapter_model.safetensors").write_bytes(b"\x10\x00")
+    cut = adapter_bytes()["adapter_model.safetensors"][:-10]
+    (partial / "adapter_model.safetensors").write_bytes(cut)
 
     assert not manager.is_cached("demo://x")
     assert await manager.download("demo://x") == partial
