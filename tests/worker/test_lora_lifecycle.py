@@ -227,7 +227,8 @@ async def etcd_proxy(etcd_url: str):
 async def test_etcd_unreachable_during_load_rolls_back(
     lora_worker, etcd, etcd_proxy, namespace, adapters
 ):
-    worker = lora_worker(env={"ETCD_ENDPOINTS": etcd_proxy.url})
+    # Started in a thread: the proxy lives on this event loop, which must keep running.
+    worker = await asyncio.to_thread(lora_worker, env={"ETCD_ENDPOINTS": etcd_proxy.url})
     async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
         etcd_proxy.cut()
         response = await client.post(
@@ -243,7 +244,8 @@ async def test_etcd_unreachable_during_load_rolls_back(
 async def test_etcd_unreachable_during_unload_keeps_adapter_and_card(
     lora_worker, etcd, etcd_proxy, namespace, adapters
 ):
-    worker = lora_worker(env={"ETCD_ENDPOINTS": etcd_proxy.url})
+    # Started in a thread: the proxy lives on this event loop, which must keep running.
+    worker = await asyncio.to_thread(lora_worker, env={"ETCD_ENDPOINTS": etcd_proxy.url})
     async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
         await client.post("/engine/update/load_lora", json=_load_body("pirate", adapters["pirate"]))
         etcd_proxy.cut()

@@ -1,0 +1,78 @@
+"""Adapter validation: what may enter the cache (and what a file:// adapter must hold)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.lora.adapter_files import adapter_problem
+
+
+def test_complete_adapter_passes(tmp_path: Path, make_adapter: Callable[..., Path]) -> None:
+    assert adapter_problem(make_adapter(tmp_path / "a")) is None
+
+
+def test_bin_weights_pass_instead_of_safetensors(tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "m"}))
+    (tmp_path / "adapter_model.bin").write_bytes(b"PK\x03\x04 torch zip")
+
+    assert adapter_problem(tmp_path) is None
+
+
+def test_truncated_safetensors_is_caught(
+    tmp_path: Path, make_adapter: Callable[..., Path], adapter_bytes: Callable[..., Any]
+) -> None:
+    files = adapter_bytes()
+    files["adapter_model.safetensors"] = files["adapter_model.safetensors"][:-100]
+
+    problem = adapter_problem(make_adapter(tmp_path / "a", files))
+
+    assert problem is not None and "truncated" in problem
+
+
+def test_placeholder_weights_pass_but_empty_ones_do_not(tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    weights = tmp_path / "adapter_model.safetensors"
+    weights.write_bytes(b"\x00" * 16)  # what engines that read no weights are given
+    assert adapter_problem(tmp_path) is None
+
+    weights.write_bytes(b"")
+
+    assert adapter_problem(tmp_path) == "adapter_model.safetensors is empty"
+
+
+def test_safetensors_cut_inside_its_header_is_caught(
+    tmp_path: Path, make_adapter: Callable[..., Path], adapter_bytes: Callable[..., Any]
+) -> None:
+    files = adapter_bytes()
+    files["adapter_model.safetensors"] = files["adapter_model.safetensors"][:40]
+
+    problem = adapter_problem(make_adapter(tmp_path / "a", files))
+
+    assert problem == "adapter_model.safetensors is truncated (in its header)"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"r": 8}', "names neither base_model_name_or_path nor peft_type"),
+    ],
+)
+def test_config_must_parse_and_name_a_base_model_or_peft_type(
+    tmp_path: Path,
+    make_adapter: Callable[..., Path],
+    adapter_bytes: Callable[..., Any],
+    config: bytes,
+    expected: str,
+) -> None:
+    files = {**adapter_bytes(), "adapter_config.json": config}
+
+    problem = adapter_problem(make_adapter(tmp_path / "a", files))
+
+    assert problem is not None and expected in problem

@@ -1,0 +1,104 @@
+"""The file:// source: validated, used in place (never copied), optionally confined to roots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from worker.lora import (
+    LoraInvalidAdapterError,
+    LoraInvalidUriError,
+    LoRAManager,
+    LoRAManagerConfig,
+    LoraNotFoundError,
+)
+
+
+def _manager(tmp_path: Path, roots: tuple[Path, ...] = ()) -> LoRAManager:
+    return LoRAManager(config=LoRAManagerConfig(cache_dir=tmp_path / "cache", file_roots=roots))
+
+
+async def test_valid_directory_is_used_in_place_and_not_copied(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    adapter = make_adapter(tmp_path / "adapters" / "pirate")
+    manager = _manager(tmp_path)
+
+    assert manager.is_cached(adapter.as_uri())
+    assert await manager.download(adapter.as_uri()) == adapter
+    assert not (tmp_path / "cache").exists() or not any(
+        p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
+    )
+
+
+async def test_percent_encoded_path_with_spaces_is_decoded(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    adapter = make_adapter(tmp_path / "my adapters" / "pirate")
+
+    assert await _manager(tmp_path).download(adapter.as_uri()) == adapter
+
+
+async def test_missing_path_is_not_found(tmp_path: Path) -> None:
+    uri = (tmp_path / "nowhere").as_uri()
+    manager = _manager(tmp_path)
+
+    with pytest.raises(LoraNotFoundError) as caught:
+        await manager.download(uri)
+
+    assert caught.value.code == "not_found" and uri in caught.value.message
+    assert not manager.is_cached(uri)
+
+
+async def test_a_file_instead_of_a_directory_is_refused(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    config = make_adapter(tmp_path / "pirate") / "adapter_config.json"
+
+    with pytest.raises(LoraInvalidAdapterError, match="not a directory"):
+        await _manager(tmp_path).download(config.as_uri())
+
+
+async def test_directory_without_weights_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "half"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+
+    with pytest.raises(LoraInvalidAdapterError, match=r"adapter_model\.safetensors"):
+        await _manager(tmp_path).download(folder.as_uri())
+
+
+async def test_path_outside_allowed_roots_is_refused_even_through_a_symlink(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    inside = make_adapter(tmp_path / "allowed" / "pirate")
+    outside = make_adapter(tmp_path / "private" / "robot")
+    (tmp_path / "allowed" / "sneaky").symlink_to(outside)
+    manager = _manager(tmp_path, roots=(tmp_path / "allowed",))
+
+    assert await manager.download(inside.as_uri()) == inside
+    for uri in (outside.as_uri(), (tmp_path / "allowed" / "sneaky").as_uri()):
+        with pytest.raises(LoraInvalidUriError) as caught:
+            await manager.download(uri)
+        assert "outside the allowed roots" in caught.value.message
+        assert "DYN_LORA_FILE_ROOTS" in caught.value.message
+        assert not manager.is_cached(uri)
+
+
+async def test_missing_path_outside_roots_does_not_reveal_whether_it_exists(
+    tmp_path: Path,
+) -> None:
+    manager = _manager(tmp_path, roots=(tmp_path / "allowed",))
+
+    with pytest.raises(LoraInvalidUriError, match="outside the allowed roots"):
+        await manager.download("file:///etc/definitely-not-here")
+
+
+@pytest.mark.parametrize(
+    "uri", ["file://otherhost/adapters/x", "file:///adapters/x?rev=2", "file://relative/x"]
+)
+async def test_file_uri_naming_a_host_or_query_is_invalid(tmp_path: Path, uri: str) -> None:
+    with pytest.raises(LoraInvalidUriError):
+        await _manager(tmp_path).download(uri)

@@ -1,0 +1,190 @@
+"""The on-disk adapter cache under ``DYN_LORA_PATH``: entries, private downloads, LRU eviction.
+
+Layout::
+
+    {root}/{scheme}_{hash32}/           one validated adapter per URI, renamed in whole
+    {root}/.tmp/{key}@{owner}@{rand}/   a download in progress, private to one process
+    {root}/.in-use/{key}@{owner}        a loaded adapter uses this entry: never evicted
+    {root}/.trash/                      entries on their way out
+
+``{owner}`` is ``host@pid@token`` so that leftovers of a dead process are swept.
+Every method blocks on the file system; the manager calls them via ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from worker.lora._owner import owner_alive, owner_tag
+from worker.lora.adapter_files import adapter_problem
+
+__all__ = ["AdapterCache"]
+
+TMP_DIR_NAME: Final = ".tmp"
+IN_USE_DIR_NAME: Final = ".in-use"
+TRASH_DIR_NAME: Final = ".trash"
+FOREIGN_STALE_AGE_S: Final = 24 * 3600.0
+COMMIT_ATTEMPTS: Final = 3
+
+log = structlog.get_logger(__name__)
+
+
+class AdapterCache:
+    """Entries keyed by ``cache_key(uri)``; valid ones only, replaced whole, evicted by LRU."""
+
+    def __init__(self, root: Path, *, max_bytes: int | None = None) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._tmp = root / TMP_DIR_NAME
+        self._in_use = root / IN_USE_DIR_NAME
+        self._trash = root / TRASH_DIR_NAME
+        self._swept = False
+        self._sweep_lock = threading.Lock()
+
+    def lookup(self, key: str, *, touch: bool = True) -> Path | None:
+        """Return the entry of ``key`` if it holds a valid adapter, marking it recently used."""
+        entry = self.root / key
+        if adapter_problem(entry) is not None:
+            return None
+        if touch:
+            _touch(entry)
+        return entry
+
+    def new_download_dir(self, key: str) -> Path:
+        """Return a fresh empty directory, private to this process, for one download."""
+        self._sweep_once()
+        return Path(tempfile.mkdtemp(prefix=f"{key}@{owner_tag()}@", dir=self._tmp))
+
+    def discard(self, path: Path) -> None:
+        """Delete a download directory (nothing happens if it was committed already)."""
+        shutil.rmtree(path, ignore_errors=True)
+
+    def commit(self, key: str, built: Path) -> Path:
+        """Rename the validated ``built`` directory into place as the entry of ``key``.
+
+        An invalid or partial entry is replaced; a valid one that another process
+        committed meanwhile wins, and ``built`` is left for the caller to discard.
+        """
+        entry = self.root / key
+        for _ in range(COMMIT_ATTEMPTS):
+            if self.lookup(key) is not None:
+                return entry
+            if entry.exists() or entry.is_symlink():
+                self._remove(entry)
+            try:
+                os.rename(built, entry)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                continue
+            _touch(entry)
+            return entry
+        raise OSError(errno.EEXIST, f"cache entry {key} kept changing under this process")
+
+    def evict(self, *, keep: set[str]) -> list[str]:
+        """Delete least recently used entries, except ``keep`` and in-use ones, down to the cap."""
+        if self.max_bytes is None:
+            return []
+        protected = keep | self._marked_keys()
+        entries = sorted(self._entries())
+        total = sum(size for _, _, size in entries)
+        evicted: list[str] = []
+        for _, key, size in entries:
+            if total <= self.max_bytes:
+                break
+            if key not in protected:
+                self._remove(self.root / key)
+                total -= size
+                evicted.append(key)
+        if evicted or total > self.max_bytes:
+            log.info("lora.cache_evicted", evicted=evicted, total_bytes=total, cap=self.max_bytes)
+        return evicted
+
+    def mark_in_use(self, key: str) -> None:
+        """Record that a loaded adapter of this process uses ``key`` (seen by every process)."""
+        self._in_use.mkdir(parents=True, exist_ok=True)
+        (self._in_use / f"{key}@{owner_tag()}").touch()
+
+    def unmark_in_use(self, key: str) -> None:
+        """Drop this process's in-use record of ``key``."""
+        (self._in_use / f"{key}@{owner_tag()}").unlink(missing_ok=True)
+
+    def _entries(self) -> list[tuple[int, str, int]]:
+        found = []
+        for path in self.root.iterdir():
+            if not path.name.startswith(".") and path.is_dir() and not path.is_symlink():
+                found.append((path.stat().st_mtime_ns, path.name, _tree_bytes(path)))
+        return found
+
+    def _marked_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for marker in _children(self._in_use):
+            key, _, owner = marker.name.partition("@")
+            if owner_alive(owner):
+                keys.add(key)
+            else:
+                marker.unlink(missing_ok=True)
+        return keys
+
+    def _remove(self, path: Path) -> None:
+        self._trash.mkdir(parents=True, exist_ok=True)
+        doomed = Path(tempfile.mkdtemp(prefix=f"{path.name}@", dir=self._trash))
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, doomed / path.name)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _sweep_once(self) -> None:
+        """Create the layout and delete what dead processes left behind (once per object)."""
+        with self._sweep_lock:
+            if self._swept:
+                return
+            for folder in (self._tmp, self._trash, self._in_use):
+                folder.mkdir(parents=True, exist_ok=True)
+            for leftover in _children(self._tmp):
+                if _abandoned(leftover):
+                    shutil.rmtree(leftover, ignore_errors=True)
+            for doomed in _children(self._trash):
+                shutil.rmtree(doomed, ignore_errors=True)
+            self._marked_keys()
+            self._swept = True
+
+
+def _touch(path: Path) -> None:
+    """Mark ``path`` used now, at nanosecond resolution so that LRU order is exact."""
+    now_ns = time.time_ns()
+    os.utime(path, ns=(now_ns, now_ns))
+
+
+def _abandoned(download_dir: Path) -> bool:
+    """Whether a download directory's owner is dead, or it is a day old (other hosts)."""
+    _, _, rest = download_dir.name.partition("@")
+    owner = rest.rpartition("@")[0]
+    try:
+        age_s = time.time() - download_dir.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return not owner_alive(owner) or age_s > FOREIGN_STALE_AGE_S
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        total += sum(os.lstat(os.path.join(folder, name)).st_size for name in files)
+    return total

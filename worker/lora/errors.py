@@ -1,0 +1,74 @@
+"""Errors of the LoRA manager: what went wrong resolving an adapter URI, and what to do.
+
+Every error names the URI (secrets removed) and a hint, and maps onto a
+``proto.errors`` class so that its wire ``code`` says who must act::
+
+    LorafleetError (proto)
+    ├── LoraSourceError               about one URI; .uri (redacted), .reason, .hint
+    │   ├── LoraInvalidUriError       + InvalidRequestError  malformed, unknown, disallowed
+    │   ├── LoraInvalidAdapterError   + InvalidRequestError  not a usable adapter
+    │   ├── LoraNotFoundError         + NotFoundError        nothing at that URI
+    │   └── LoraUnavailableError      + UnavailableError     unreachable, credentials, crash
+    └── LoraConfigError               + InvalidRequestError  bad DYN_LORA_* configuration
+
+When several sources serve one scheme and all fail, the error raised is one of
+the classes above (the most retryable kind among the failures) and keeps every
+failure in ``failures``.
+"""
+
+from __future__ import annotations
+
+from proto.errors import InvalidRequestError, LorafleetError, NotFoundError, UnavailableError
+from worker.lora._redact import redact_uri
+
+__all__ = [
+    "LoraConfigError",
+    "LoraInvalidAdapterError",
+    "LoraInvalidUriError",
+    "LoraNotFoundError",
+    "LoraSourceError",
+    "LoraUnavailableError",
+]
+
+
+class LoraSourceError(LorafleetError):
+    """An adapter URI could not be resolved to a local directory.
+
+    ``uri`` is stored without secrets; ``failures`` holds the per-source errors
+    when several sources were tried.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        reason: str,
+        *,
+        hint: str = "",
+        failures: tuple[LoraSourceError, ...] = (),
+    ) -> None:
+        self.uri = redact_uri(uri)
+        self.reason = reason
+        self.hint = hint
+        self.failures = failures
+        message = f"LoRA source {self.uri}: {reason}"
+        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri)
+
+
+class LoraInvalidUriError(LoraSourceError, InvalidRequestError):
+    """The URI is malformed, its scheme has no source, or the scheme is not allowed."""
+
+
+class LoraInvalidAdapterError(LoraSourceError, InvalidRequestError):
+    """The files at the URI are not a PEFT adapter (or would escape their directory)."""
+
+
+class LoraNotFoundError(LoraSourceError, NotFoundError):
+    """Nothing exists at the URI: missing path, bucket or prefix."""
+
+
+class LoraUnavailableError(LoraSourceError, UnavailableError):
+    """The source cannot be reached or refused the credentials; retrying may help."""
+
+
+class LoraConfigError(InvalidRequestError):
+    """A ``DYN_LORA_*`` setting or a source registration is invalid; names the setting."""

@@ -1,0 +1,82 @@
+"""The ``file://`` source: adapters already on the worker's disk, validated and used in place.
+
+It never copies: the engine reads the adapter from where it lies. With allowed
+roots (``DYN_LORA_FILE_ROOTS``) a path outside them is refused before anything
+about it (even whether it exists) is revealed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
+from worker.lora.errors import LoraInvalidAdapterError, LoraInvalidUriError, LoraNotFoundError
+
+__all__ = ["FileSource", "file_uri_path"]
+
+
+def file_uri_path(uri: str) -> Path:
+    """Return the absolute path named by a ``file:///abs/path`` URI (percent-decoded)."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+        raise LoraInvalidUriError(
+            uri, "a file URI names no host", hint="write file:///absolute/path (three slashes)"
+        )
+    path = unquote(parts.path)
+    if parts.query or parts.fragment or not path.startswith("/") or "\0" in path:
+        raise LoraInvalidUriError(
+            uri,
+            "not an absolute file path",
+            hint="write file:///absolute/path and percent-encode '?' and '#'",
+        )
+    return Path(path)
+
+
+class FileSource:
+    """Resolves ``file://`` URIs to validated local directories, optionally under allowed roots."""
+
+    name = "file"
+
+    def __init__(self, *, roots: tuple[Path, ...] = ()) -> None:
+        self._roots = tuple(root.expanduser().resolve() for root in roots)
+
+    def local_path(self, uri: str) -> Path:
+        """Return the resolved adapter directory of ``uri``; raise why it cannot be used."""
+        resolved = file_uri_path(uri).resolve()
+        if self._roots and not any(resolved.is_relative_to(root) for root in self._roots):
+            roots = ", ".join(str(root) for root in self._roots)
+            raise LoraInvalidUriError(
+                uri,
+                "the path is outside the allowed roots",
+                hint=f"place the adapter under one of DYN_LORA_FILE_ROOTS ({roots})",
+            )
+        if not resolved.exists():
+            raise LoraNotFoundError(
+                uri, "no such file or directory", hint="the path is read on the worker's host"
+            )
+        if not resolved.is_dir():
+            raise LoraInvalidAdapterError(
+                uri,
+                "not a directory",
+                hint=f"point the URI at the directory that holds {ADAPTER_CONFIG}",
+            )
+        problem = adapter_problem(resolved)
+        if problem is not None:
+            raise LoraInvalidAdapterError(uri, problem, hint="save the adapter with PEFT")
+        return resolved
+
+    async def download(self, uri: str, dest: Path) -> Path:
+        """Return the adapter's own directory (outside ``dest``): it is used in place."""
+        return await asyncio.to_thread(self.local_path, uri)
+
+    async def exists(self, uri: str) -> bool:
+        """Return whether the path exists (and, with roots, lies under one)."""
+        try:
+            await asyncio.to_thread(self.local_path, uri)
+        except LoraInvalidAdapterError:
+            return True
+        except (LoraInvalidUriError, LoraNotFoundError):
+            return False
+        return True

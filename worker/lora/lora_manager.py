@@ -1,0 +1,267 @@
+"""Resolve adapter URIs to local directories: pluggable sources, a safe cache, one fetch per URI.
+
+It must not load adapters into an engine; the LoRA lifecycle does that with the
+path returned here (and pairs :meth:`LoRAManager.acquire` with ``release``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import traceback
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import structlog
+
+from worker.lora._failures import combine_failures
+from worker.lora._redact import redact_uri
+from worker.lora.adapter_files import adapter_problem
+from worker.lora.cache import AdapterCache
+from worker.lora.config import LoRAManagerConfig, load_source
+from worker.lora.errors import (
+    LoraConfigError,
+    LoraInvalidAdapterError,
+    LoraInvalidUriError,
+    LoraSourceError,
+    LoraUnavailableError,
+)
+from worker.lora.file_source import FileSource
+from worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
+from worker.lora.source import InPlaceSource, LoRASource
+from worker.lora.uri import cache_key, check_scheme_name, uri_scheme
+
+__all__ = ["LoRAManager"]
+
+log = structlog.get_logger(__name__)
+
+TRACEBACK_FRAMES: Final = 3
+"""Frames of a crashed source's traceback that are logged (never the exception's text)."""
+
+
+class LoRAManager:
+    """Turns ``source.uri`` into a validated local adapter directory, caching remote ones.
+
+    Examples::
+
+        manager = LoRAManager.from_env()
+        path = await manager.acquire("s3://adapters/pirate")   # ... engine.add_lora(path) ...
+        manager.release("s3://adapters/pirate")                # after engine.remove_lora
+    """
+
+    def __init__(
+        self,
+        *,
+        config: LoRAManagerConfig | None = None,
+        s3_client_factory: S3ClientFactory = default_s3_client,
+    ) -> None:
+        self.config = config or LoRAManagerConfig()
+        self._cache = AdapterCache(self.config.cache_dir, max_bytes=self.config.cache_max_bytes)
+        self._sources: dict[str, list[LoRASource]] = {
+            "file": [FileSource(roots=self.config.file_roots)],
+            "s3": [S3Source(client_factory=s3_client_factory)],
+        }
+        for scheme, spec in self.config.sources:
+            self._sources.setdefault(scheme, []).append(load_source(scheme, spec))
+        self._inflight: dict[str, asyncio.Task[Path]] = {}
+        self._users: Counter[str] = Counter()
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        s3_client_factory: S3ClientFactory = default_s3_client,
+    ) -> LoRAManager:
+        """Build a manager from ``DYN_LORA_*`` (boto3 reads the AWS variables itself)."""
+        config = LoRAManagerConfig.from_env(environ)
+        return cls(config=config, s3_client_factory=s3_client_factory)
+
+    def supported_schemes(self) -> frozenset[str]:
+        """Return the schemes that have a source and are allowed, e.g. ``{"file", "s3"}``."""
+        schemes = frozenset(self._sources)
+        allowed = self.config.allowed_schemes
+        return schemes if allowed is None else schemes & allowed
+
+    def register_custom_source(self, scheme: str, source: LoRASource) -> None:
+        """Add ``source`` for ``scheme``, tried after the sources already registered for it."""
+        if not check_scheme_name(scheme):
+            raise LoraConfigError(f"invalid scheme name {scheme!r} (lower-case, e.g. 'hf')")
+        if not isinstance(source, LoRASource):
+            raise LoraConfigError(
+                f"source for {scheme!r} has no async download(uri, dest) and exists(uri)"
+            )
+        self._sources.setdefault(scheme, []).append(source)
+        allowed = self.config.allowed_schemes is None or scheme in self.config.allowed_schemes
+        log.info("lora.source_registered", scheme=scheme, source=_name(source), allowed=allowed)
+
+    def is_cached(self, uri: str) -> bool:
+        """Return whether ``download(uri)`` would succeed now without any network call."""
+        try:
+            sources = self._sources_for(uri)
+        except LoraSourceError:
+            return False
+        for source in sources:
+            if isinstance(source, InPlaceSource):
+                try:
+                    source.local_path(uri)
+                except LoraSourceError:
+                    continue
+                return True
+        return self._cache.lookup(cache_key(uri), touch=False) is not None
+
+    async def download(self, uri: str) -> Path:
+        """Return the local adapter directory of ``uri``, fetching it once if not cached.
+
+        Concurrent calls for one URI share a single download; a caller that is
+        cancelled does not cancel it for the others.
+        """
+        self._sources_for(uri)
+        key = cache_key(uri)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(self._resolve(uri, key), name=f"lora-download-{key}")
+            self._inflight[key] = task
+            task.add_done_callback(functools.partial(self._forget, key))
+        return await asyncio.shield(task)
+
+    async def acquire(self, uri: str) -> Path:
+        """Download ``uri`` and mark its cache entry in use until :meth:`release`."""
+        key = cache_key(uri)
+        self._users[key] += 1
+        try:
+            if self._users[key] == 1:
+                await asyncio.to_thread(self._cache.mark_in_use, key)
+            return await self.download(uri)
+        except BaseException:
+            self.release(uri)
+            raise
+
+    def release(self, uri: str) -> None:
+        """Undo one :meth:`acquire`: once no loaded adapter uses the entry, it may be evicted."""
+        key = cache_key(uri)
+        if self._users[key] <= 0:
+            log.warning("lora.release_without_acquire", uri=redact_uri(uri))
+            return
+        self._users[key] -= 1
+        if self._users[key] == 0:
+            del self._users[key]
+            self._cache.unmark_in_use(key)
+
+    def _sources_for(self, uri: str) -> list[LoRASource]:
+        scheme = uri_scheme(uri)
+        sources = self._sources.get(scheme)
+        if not sources or scheme not in self.supported_schemes():
+            supported = ", ".join(sorted(self.supported_schemes()))
+            why = "is not allowed here" if sources else "has no source"
+            raise LoraInvalidUriError(
+                uri, f"scheme {scheme!r} {why}", hint=f"use one of: {supported}"
+            )
+        return sources
+
+    def _forget(self, key: str, task: asyncio.Task[Path]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here so that an unawaited failure is not reported twice
+
+    async def _resolve(self, uri: str, key: str) -> Path:
+        try:
+            hit = await asyncio.to_thread(self._cache.lookup, key)
+        except OSError as exc:
+            raise self._disk_error(uri, exc) from exc
+        if hit is not None:
+            log.debug("lora.cache_hit", uri=redact_uri(uri), key=key)
+            return hit
+        sources = self._sources_for(uri)
+        ordered: list[LoRASource] = [s for s in sources if isinstance(s, InPlaceSource)]
+        ordered += [s for s in sources if not isinstance(s, InPlaceSource)]
+        failures: list[tuple[str, LoraSourceError]] = []
+        for source in ordered:
+            try:
+                return await self._fetch(source, uri, key)
+            except LoraSourceError as exc:
+                log.warning(
+                    "lora.source_failed",
+                    uri=redact_uri(uri),
+                    source=_name(source),
+                    code=exc.code,
+                    reason=exc.reason,
+                )
+                failures.append((_name(source), exc))
+        raise combine_failures(uri, failures)
+
+    async def _fetch(self, source: LoRASource, uri: str, key: str) -> Path:
+        """Resolve ``uri`` through one source; local disk failures become our errors too."""
+        try:
+            if isinstance(source, InPlaceSource):
+                return await asyncio.to_thread(source.local_path, uri)
+            return await self._fetch_into_cache(source, uri, key)
+        except OSError as exc:
+            raise self._disk_error(uri, exc) from exc
+
+    def _disk_error(self, uri: str, exc: OSError) -> LoraUnavailableError:
+        return LoraUnavailableError(
+            uri,
+            f"local file system error ({type(exc).__name__}: {exc.strerror or 'no detail'})",
+            hint=f"check permissions and free space of the path and of {self.config.cache_dir}",
+        )
+
+    async def _fetch_into_cache(self, source: LoRASource, uri: str, key: str) -> Path:
+        """Download into a private directory, validate, rename into the cache, apply the cap."""
+        started = time.monotonic()
+        dest = await asyncio.to_thread(self._cache.new_download_dir, key)
+        try:
+            built = await self._call_source(source, uri, dest)
+            problem = await asyncio.to_thread(adapter_problem, built)
+            if problem is not None:
+                raise LoraInvalidAdapterError(uri, problem, hint="upload a complete PEFT adapter")
+            if not built.is_relative_to(dest):
+                return built
+            entry = await asyncio.to_thread(self._cache.commit, key, built)
+            keep = {key, *self._users, *self._inflight}
+            await asyncio.to_thread(self._cache.evict, keep=keep)
+        finally:
+            await asyncio.to_thread(self._cache.discard, dest)
+        log.info(
+            "lora.downloaded",
+            uri=redact_uri(uri),
+            key=key,
+            source=_name(source),
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return entry
+
+    async def _call_source(self, source: LoRASource, uri: str, dest: Path) -> Path:
+        """Run one source's download, turning a timeout or a foreign exception into our error."""
+        try:
+            async with asyncio.timeout(self.config.download_timeout_s):
+                return Path(await source.download(uri, dest))
+        except LoraSourceError:
+            raise
+        except TimeoutError as exc:
+            raise LoraUnavailableError(
+                uri,
+                f"source {_name(source)} timed out after {self.config.download_timeout_s} s",
+                hint="retry later",
+            ) from exc
+        except Exception as exc:
+            log.warning(
+                "lora.source_crashed",
+                uri=redact_uri(uri),
+                source=_name(source),
+                error_type=type(exc).__name__,
+                where="".join(traceback.format_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]),
+            )
+            raise LoraUnavailableError(
+                uri,
+                f"source {_name(source)} failed with {type(exc).__name__}",
+                hint="see the worker log (lora.source_crashed) for where it failed",
+            ) from exc
+
+
+def _name(source: LoRASource) -> str:
+    return str(getattr(source, "name", type(source).__name__))

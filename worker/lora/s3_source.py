@@ -1,0 +1,173 @@
+"""The ``s3://bucket/prefix`` source: every object under the prefix, fetched with boto3.
+
+Endpoint, region and credentials come from the standard AWS environment and
+config files (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_PROFILE``, ...), read
+by boto3 itself. Every blocking call runs in a worker thread. boto3 errors are
+translated here; their text (which may quote request details) never reaches
+logs or messages, only the S3 error code does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+from worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from worker.lora.archive import extract_archive, is_archive_name, safe_join
+from worker.lora.errors import (
+    LoraInvalidAdapterError,
+    LoraInvalidUriError,
+    LoraNotFoundError,
+    LoraSourceError,
+    LoraUnavailableError,
+)
+from worker.lora.s3_errors import translate_s3_error
+
+__all__ = ["S3ClientFactory", "S3Source", "default_s3_client", "parse_s3_uri"]
+
+S3_MAX_OBJECTS: Final = 1000
+S3_CONNECT_TIMEOUT_S: Final = 10.0
+S3_READ_TIMEOUT_S: Final = 60.0
+S3_MAX_ATTEMPTS: Final = 3
+ARCHIVE_FILE_NAME: Final = ".lorafleet-archive"
+
+S3ClientFactory: TypeAlias = Callable[[], Any]
+"""Builds a boto3 S3 client; called once, lazily, in a worker thread."""
+
+
+def default_s3_client() -> Any:
+    """Return a boto3 S3 client configured from the standard AWS environment."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=S3_CONNECT_TIMEOUT_S,
+        read_timeout=S3_READ_TIMEOUT_S,
+        retries={"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """Split ``s3://bucket/prefix`` into the bucket and the key prefix (taken verbatim)."""
+    scheme, _, rest = uri.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    if scheme.lower() != "s3" or not bucket or any(c in bucket for c in "@:?#"):
+        raise LoraInvalidUriError(uri, "not an S3 URI", hint="write s3://bucket/prefix")
+    return bucket, prefix
+
+
+class S3Source:
+    """Downloads the adapter under an S3 prefix (or one archive object) through boto3."""
+
+    name = "s3"
+
+    def __init__(self, *, client_factory: S3ClientFactory = default_s3_client) -> None:
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    async def download(self, uri: str, dest: Path) -> Path:
+        """Fetch every object under the prefix into ``dest`` and return ``dest``."""
+        return await asyncio.to_thread(self._guarded, self._download_blocking, uri, dest)
+
+    async def exists(self, uri: str) -> bool:
+        """Return whether at least one object lies under the prefix."""
+        return await asyncio.to_thread(self._guarded, self._exists_blocking, uri)
+
+    def _guarded(self, call: Callable[..., Any], uri: str, *args: Any) -> Any:
+        try:
+            return call(uri, *args)
+        except LoraSourceError:
+            raise
+        except Exception as exc:
+            raise translate_s3_error(exc, uri, endpoint=self._endpoint()) from exc
+
+    def _client_or_new(self, uri: str) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                try:
+                    self._client = self._client_factory()
+                except ImportError as exc:
+                    raise LoraUnavailableError(
+                        uri, "boto3 is not installed", hint="install lorafleet[s3]"
+                    ) from exc
+            return self._client
+
+    def _endpoint(self) -> str:
+        client = self._client
+        return str(client.meta.endpoint_url) if client is not None else "(not created)"
+
+    def _exists_blocking(self, uri: str) -> bool:
+        bucket, prefix = parse_s3_uri(uri)
+        try:
+            found = self._client_or_new(uri).list_objects_v2(
+                Bucket=bucket, Prefix=prefix, MaxKeys=1
+            )
+        except Exception as exc:
+            error = translate_s3_error(exc, uri, endpoint=self._endpoint())
+            if isinstance(error, LoraNotFoundError):
+                return False
+            raise error from exc
+        return int(found.get("KeyCount", 0)) > 0
+
+    def _download_blocking(self, uri: str, dest: Path) -> Path:
+        bucket, prefix = parse_s3_uri(uri)
+        client = self._client_or_new(uri)
+        if is_archive_name(prefix):
+            return _fetch_archive(client, bucket, prefix, dest, uri)
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        for key, target in self._plan(client, bucket, prefix, dest, uri):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, key, str(target))
+        return dest
+
+    def _plan(
+        self, client: Any, bucket: str, prefix: str, dest: Path, uri: str
+    ) -> list[tuple[str, Path]]:
+        """List the prefix and map each key to its file, refusing unsafe or non-adapter sets."""
+        keys = [key for key in _list_keys(client, bucket, prefix, uri) if not key.endswith("/")]
+        if not keys:
+            raise LoraNotFoundError(
+                uri,
+                "no objects under this prefix",
+                hint="check the bucket and prefix (case matters)",
+            )
+        plan = [(key, safe_join(dest, key[len(prefix) :], uri=uri)) for key in keys]
+        names = {key[len(prefix) :] for key in keys}
+        if ADAPTER_CONFIG not in names or not names.intersection(ADAPTER_WEIGHTS):
+            raise LoraInvalidAdapterError(
+                uri,
+                f"the prefix holds no {ADAPTER_CONFIG} with adapter weights next to it",
+                hint="point the URI at the prefix where the PEFT adapter was uploaded",
+            )
+        return plan
+
+
+def _list_keys(client: Any, bucket: str, prefix: str, uri: str) -> list[str]:
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(item["Key"] for item in page.get("Contents", ()))
+        if len(keys) > S3_MAX_OBJECTS:
+            raise LoraInvalidAdapterError(
+                uri,
+                f"more than {S3_MAX_OBJECTS} objects under this prefix",
+                hint="point the URI at a single adapter's prefix",
+            )
+    return keys
+
+
+def _fetch_archive(client: Any, bucket: str, key: str, dest: Path, uri: str) -> Path:
+    """Download one archive object and extract it; a single top folder becomes the adapter."""
+    archive = dest / ARCHIVE_FILE_NAME
+    client.download_file(bucket, key, str(archive))
+    extract_archive(archive, dest, uri=uri)
+    archive.unlink()
+    children = list(dest.iterdir())
+    if not (dest / ADAPTER_CONFIG).exists() and len(children) == 1 and children[0].is_dir():
+        return children[0]
+    return dest
