@@ -32,7 +32,12 @@ from proto.inference import (
     decode_chunk,
 )
 
-__all__ = ["Completion", "Dispatcher", "DispatchSettings", "TokenStream"]
+__all__ = [
+    "Completion",
+    "DispatchSettings",
+    "Dispatcher",
+    "TokenStream",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -53,10 +58,12 @@ class DispatchSettings:
     stall_s: float = 1.0
     ping_timeout_s: float = 2.0
     max_attempts: int = 3
+    quarantine_s: float = 5.0
+    """How long an instance that was lost gets no new requests (unless no other is left)."""
 
     def __post_init__(self) -> None:
-        if self.stall_s <= 0 or self.ping_timeout_s <= 0:
-            raise ValueError("stall_s and ping_timeout_s must be positive")
+        if self.stall_s <= 0 or self.ping_timeout_s <= 0 or self.quarantine_s < 0:
+            raise ValueError("stall_s and ping_timeout_s must be positive, quarantine_s >= 0")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
 
@@ -128,6 +135,7 @@ class Dispatcher:
         self.plane = plane
         self.router = router
         self.settings = settings or DispatchSettings()
+        self._quarantine: dict[int, float] = {}
 
     async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
         """Run ``request`` to its final chunk, retrying on other instances until then."""
@@ -156,7 +164,7 @@ class Dispatcher:
                 first = await self._next_chunk(attempt)
             except InstanceLostError as exc:
                 self._finish(attempt)
-                last = exc
+                last = self._retryable_or_raise(exc, attempt)
                 continue
             except BaseException:
                 self._finish(attempt)
@@ -177,7 +185,11 @@ class Dispatcher:
         tried: list[int],
         last: LorafleetError | None,
     ) -> _Attempt:
-        instance = self.router.pick(served.name, served.instances, tried)
+        instance = None
+        if self._quarantine:
+            instance = self.router.pick(served.name, served.instances, self._avoid(tried))
+        if instance is None:
+            instance = self.router.pick(served.name, served.instances, tried)
         if instance is None:
             raise self._exhausted(served, tried, last)
         tried.append(instance.instance_id)
@@ -223,6 +235,14 @@ class Dispatcher:
                 log.error("undecodable chunk", instance=f"{instance.instance_id:x}", error=str(exc))
                 raise InstanceLostError(instance.instance_id, f"undecodable reply: {exc}") from exc
 
+    def _avoid(self, tried: list[int]) -> set[int]:
+        """Instances tried for this request and those still in quarantine."""
+        now = time.monotonic()
+        for instance_id, until in list(self._quarantine.items()):
+            if until <= now:
+                del self._quarantine[instance_id]
+        return {*tried, *self._quarantine}
+
     def _finish(self, attempt: _Attempt) -> None:
         if not attempt.reply._closed:
             attempt.reply.close()
@@ -233,6 +253,8 @@ class Dispatcher:
     ) -> LorafleetError:
         if isinstance(exc, WorkerError) and exc.error.code not in RETRYABLE_WORKER_CODES:
             raise exc
+        if isinstance(exc, InstanceLostError):
+            self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
         log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
                  reason=exc.message)  # fmt: skip
         return exc

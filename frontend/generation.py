@@ -25,7 +25,11 @@ from proto.errors import LorafleetError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from proto.openai import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["SSE_HEADERS", "GenerationService", "ToGenerate"]
+__all__ = [
+    "GenerationService",
+    "SSE_HEADERS",
+    "ToGenerate",
+]
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,10 @@ from typing import Any, Final, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["METRICS_CONTENT_TYPE", "FrontendMetrics"]
+__all__ = [
+    "FrontendMetrics",
+    "METRICS_CONTENT_TYPE",
+]
 
 _M = TypeVar("_M", Counter, Gauge, Histogram)
 

@@ -15,8 +15,8 @@ from typing import Final
 from proto.discovery import Instance
 
 __all__ = [
-    "ROUTERS",
     "LeastInflightRouter",
+    "ROUTERS",
     "RoundRobinRouter",
     "Router",
     "make_router",

@@ -26,12 +26,12 @@ from proto.openai import (
 )
 
 __all__ = [
+    "Answer",
     "CHAT",
     "COMPLETIONS",
-    "SSE_DONE",
-    "Answer",
     "ChatShape",
     "CompletionsShape",
+    "SSE_DONE",
     "Shape",
     "sse",
 ]

@@ -101,8 +101,8 @@ class StandInWorker:
 
     def base_card(self) -> ModelDeploymentCard:
         return ModelDeploymentCard(
-            display_name=self.model, slug=lora_slug(self.model), source_path=f"/models/{self.model}",
-            context_length=self.context_length,
+            display_name=self.model, slug=lora_slug(self.model),
+            source_path=f"/models/{self.model}", context_length=self.context_length,
         )  # fmt: skip
 
     def card(self, adapter: str) -> ModelDeploymentCard:

@@ -51,7 +51,8 @@ def test_defaults_are_openai_s() -> None:
 
 def test_text_parts_are_joined_and_null_content_is_empty() -> None:
     messages = [
-        {"role": "system", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "system",
+         "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None},
     ]  # fmt: skip
     request = chat_to_generate(_chat(messages=messages), SERVED, "r")
