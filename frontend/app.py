@@ -51,22 +51,33 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
     """Connect everything the handlers need, and close it all in reverse on the way out."""
     config: FrontendConfig = app.state.config
     async with contextlib.AsyncExitStack() as stack:
-        nc = await connect_nats(config.nats_server)
-        stack.push_async_callback(nc.close)
-        plane = await RequestPlane.start(nc)
-        stack.push_async_callback(plane.aclose)
-        etcd = await connect_etcd(config.etcd_endpoints)
-        stack.push_async_callback(etcd.close)
-        registry = await ModelRegistry.start(etcd, config.namespace)
-        stack.push_async_callback(registry.aclose)
-        dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
-        app.state.plane = plane
-        app.state.registry = registry
-        app.state.service = GenerationService(registry, dispatcher, app.state.metrics)
+        try:
+            await _start_services(app, config, stack)
+        except LorafleetError as exc:
+            log.error("frontend cannot start", error=exc.message)
+            raise
         log.info("frontend ready", namespace=config.namespace, router=config.router,
-                 models=len(registry.names()))  # fmt: skip
+                 models=len(app.state.registry.names()))  # fmt: skip
         yield
         log.info("frontend stopping", namespace=config.namespace)
+
+
+async def _start_services(
+    app: Litestar, config: FrontendConfig, stack: contextlib.AsyncExitStack
+) -> None:
+    """Connect NATS and etcd, start the registry and the request plane; undo via ``stack``."""
+    nc = await connect_nats(config.nats_server)
+    stack.push_async_callback(nc.close)
+    plane = await RequestPlane.start(nc)
+    stack.push_async_callback(plane.aclose)
+    etcd = await connect_etcd(config.etcd_endpoints)
+    stack.push_async_callback(etcd.close)
+    registry = await ModelRegistry.start(etcd, config.namespace)
+    stack.push_async_callback(registry.aclose)
+    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
+    app.state.plane = plane
+    app.state.registry = registry
+    app.state.service = GenerationService(registry, dispatcher, app.state.metrics)
 
 
 def _registry(state: State) -> ModelRegistry:

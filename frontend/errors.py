@@ -86,12 +86,15 @@ def openai_type(status: int) -> str:
 
 def openai_error(exc: LorafleetError) -> tuple[int, OpenAIErrorResponse]:
     """The HTTP status and OpenAI error body for one of our errors."""
-    status = exc.status if isinstance(exc, WorkerError) else http_status(exc.code)
+    status, code = http_status(exc.code), exc.code
+    if isinstance(exc, WorkerError):
+        status = exc.status
+        code = exc.error.code if status < 500 else exc.code
     error = OpenAIError(
         message=exc.message,
         type=openai_type(status),
         param=getattr(exc, "param", None),
-        code=exc.code,
+        code=code,
     )
     return status, OpenAIErrorResponse(error=error)
 

@@ -12,8 +12,10 @@ import json
 
 import pytest
 
+from frontend.config import FrontendConfig
+from launch.local_servers import start_nats
 from proto.errors import ErrorInfo
-from tests.frontend.conftest import wait_for_models
+from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import Behaviour, StandInWorker
 
 CHAT = "/v1/chat/completions"
@@ -238,3 +240,23 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+async def test_health_follows_the_nats_connection(etcd_url, namespace, tmp_path) -> None:
+    own_nats = start_nats(tmp_path / "nats")
+    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url,
+                            nats_server=own_nats.url, dispatch=FAST_DISPATCH)  # fmt: skip
+    try:
+        async with run_frontend(config) as frontend:
+            own_nats.stop()
+            await _until_status(frontend, 503)
+            await asyncio.to_thread(own_nats.restart)
+            await _until_status(frontend, 200)
+    finally:
+        own_nats.stop()
+
+
+async def _until_status(frontend, status: int) -> None:
+    async with asyncio.timeout(10):
+        while (await frontend.http.get("/health")).status_code != status:
+            await asyncio.sleep(0.05)
