@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Final, TypeAlias, TypeVar
 
@@ -116,13 +117,39 @@ class GenerationService:
                 answer.model, shape.endpoint, time.perf_counter() - started
             )
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        frames = self._frames(tokens, shape, answer, include_usage, started)
+        release = self._releaser(tokens, shape, answer, started)
+        frames = self._frames(tokens, shape, answer, include_usage, release)
+        # A client gone before the first byte may leave the generator never started, so
+        # its ``finally`` never runs: releasing on garbage collection covers that case.
+        weakref.finalize(frames, release)
         return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS)
 
+    def _releaser(
+        self, tokens: TokenStream, shape: Shape, answer: Answer, started: float
+    ) -> Callable[[], None]:
+        """Close ``tokens`` (cancelling an unfinished answer) and count the stream, once."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                tokens.close()
+                elapsed_s = time.perf_counter() - started
+                self.metrics.ended(answer.model, shape.endpoint)
+                self.metrics.answered(answer.model, shape.endpoint, 200, elapsed_s)
+
+        return release
+
     async def _frames(
-        self, tokens: TokenStream, shape: Shape, answer: Answer, include_usage: bool, started: float
+        self,
+        tokens: TokenStream,
+        shape: Shape,
+        answer: Answer,
+        include_usage: bool,
+        release: Callable[[], None],
     ) -> AsyncIterator[bytes]:
-        """The SSE events of one stream; always closes it (which cancels an unfinished one)."""
+        """The SSE events of one stream; always released at the end."""
         try:
             opening = shape.opening(answer)
             if opening:
@@ -140,9 +167,7 @@ class GenerationService:
             self.metrics.failed(answer.model, shape.endpoint, exc.code)
             yield sse(openai_error(exc)[1]) + SSE_DONE
         finally:
-            tokens.close()
-            self.metrics.ended(answer.model, shape.endpoint)
-            self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
+            release()
 
     def _count_failure(
         self, label: str, endpoint: str, exc: LorafleetError, started: float

@@ -176,7 +176,11 @@ class RequestPlane:
 
     def cancel(self, subject: str, request_id: str) -> None:
         """Tell the instance on ``subject`` to stop ``request_id``; never waits, never raises."""
-        task = asyncio.get_running_loop().create_task(self._send_cancel(subject, request_id))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called from a finalizer outside the loop: nothing to send with
+            return
+        task = loop.create_task(self._send_cancel(subject, request_id))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

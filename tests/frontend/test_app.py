@@ -174,6 +174,7 @@ async def test_a_client_that_disconnects_cancels_the_request_at_the_worker(
             if "tok1" in line:
                 break
     await _until(lambda: worker.cancelled == [worker.generated[0].request_id])
+    await _until(lambda: frontend.app.state.plane.open_replies == 0)
 
 
 async def test_stream_carries_role_tokens_finish_and_usage(
