@@ -57,6 +57,10 @@ from proto.naming import (
     lora_id,
     lora_slug,
 )
+from proto.placement import (
+    chosen_instances,
+    rendezvous_order,
+)
 
 __all__ = [
     "AdapterSpec",
@@ -95,6 +99,7 @@ __all__ = [
     "UpdateRequest",
     "UpstreamError",
     "Usage",
+    "chosen_instances",
     "decode_card",
     "decode_chunk",
     "decode_instance",
@@ -105,5 +110,6 @@ __all__ = [
     "http_status",
     "lora_id",
     "lora_slug",
+    "rendezvous_order",
     "validate_lora_name",
 ]
