@@ -78,6 +78,10 @@ from proto.openai import (
     StreamOptions,
     UsageInfo,
 )
+from proto.placement import (
+    chosen_instances,
+    rendezvous_order,
+)
 
 __all__ = [
     "AdapterSpec",
@@ -135,6 +139,7 @@ __all__ = [
     "UpstreamError",
     "Usage",
     "UsageInfo",
+    "chosen_instances",
     "decode_card",
     "decode_chunk",
     "decode_instance",
@@ -145,5 +150,6 @@ __all__ = [
     "http_status",
     "lora_id",
     "lora_slug",
+    "rendezvous_order",
     "validate_lora_name",
 ]

@@ -9,6 +9,7 @@ holds its endpoint.
 from __future__ import annotations
 
 import abc
+import contextlib
 from pathlib import Path
 
 from worker.engine import EngineHandler, LLMEngine, ModelEndpoint
@@ -40,6 +41,10 @@ class AdapterEngine(LLMEngine):
     def supported_updates(self) -> dict[str, EngineHandler]:
         """``load_lora``, ``unload_lora`` and ``list_loras`` when adapters are enabled."""
         return self.lora.updates() if self.lora is not None else {}
+
+    def track_request(self, model: str) -> contextlib.AbstractContextManager[None]:
+        """Count ``model`` as busy and recently used while its request runs."""
+        return self.lora.track(model) if self.lora is not None else contextlib.nullcontext()
 
     @abc.abstractmethod
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:

@@ -49,6 +49,8 @@ class WorkerConfig:
     lora_enabled: bool = False
     """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
     auth_token: str | None = None
+    lora_idle_unload_s: float = 300.0
+    """An adapter loaded on demand and not placed here is unloaded after this long idle."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -84,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"))
     p.add_argument("--max-loras", type=int, default=int(env("DYN_MAX_LORAS", "4")))
     p.add_argument("--max-lora-rank", type=int, default=int(env("DYN_MAX_LORA_RANK", "64")))
+    p.add_argument(
+        "--lora-idle-unload-s", type=float, default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300"))
+    )
     p.add_argument("--context-length", type=int, default=int(env("DYN_CONTEXT_LENGTH", "2048")))
     p.add_argument(
         "--mocker-time-per-token-s",
@@ -126,6 +131,7 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
             shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
+            lora_idle_unload_s=args.lora_idle_unload_s,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))

@@ -184,12 +184,13 @@ class Endpoint:
     async def _stream(self, request: GenerateRequest, reply: str) -> None:
         if self.engine is None:
             raise UnavailableError("worker is starting; retry on another instance")
-        async for chunk in self.engine.generate(request):
-            await self._nc.publish(reply, encode_msg(chunk))
-            if isinstance(chunk, TokenChunk):
-                metrics.GENERATED_TOKENS.labels(request.model).inc(chunk.tokens)
-            elif isinstance(chunk, FinalChunk):
-                return
+        with self.engine.track_request(request.model):
+            async for chunk in self.engine.generate(request):
+                await self._nc.publish(reply, encode_msg(chunk))
+                if isinstance(chunk, TokenChunk):
+                    metrics.GENERATED_TOKENS.labels(request.model).inc(chunk.tokens)
+                elif isinstance(chunk, FinalChunk):
+                    return
 
     async def _serve_update(self, request: UpdateRequest, msg: nats.aio.msg.Msg) -> None:
         if self.update_handler is None:

@@ -8,6 +8,7 @@ The LoRA bookkeeping (locks, publish, rollback) lives once in
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,10 @@ class LLMEngine(abc.ABC):
             ),
             created=int(time.time()),
         )
+
+    def track_request(self, model: str) -> contextlib.AbstractContextManager[None]:
+        """Held while a request for ``model`` runs (adapter engines count usage for LRU)."""
+        return contextlib.nullcontext()
 
     def supported_controls(self) -> dict[str, EngineHandler]:
         """Controls served under ``/engine/control/<name>``; none by default."""

@@ -9,6 +9,10 @@ Engines supply only ``add_adapter``/``remove_adapter`` (``AdapterBackend``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -24,7 +28,13 @@ from proto.adapters import (
     validate_lora_name,
 )
 from proto.discovery import LoraInfo, ModelDeploymentCard
-from proto.errors import ConflictError, InvalidRequestError, LorafleetError, NotFoundError
+from proto.errors import (
+    CapacityError,
+    ConflictError,
+    InvalidRequestError,
+    LorafleetError,
+    NotFoundError,
+)
 from proto.naming import lora_id, lora_slug
 from worker import metrics
 from worker.engine import AdapterBackend, EngineHandler, ModelEndpoint
@@ -83,7 +93,28 @@ class LoraController:
         self._source = source
         self._base_card = base_card
         self.loaded: dict[str, LoadedAdapter] = {}
+        self.pinned: set[str] = set()
+        """Adapters never evicted to make room (the fleet's ``pinned`` desired state)."""
         self._locks: dict[str, asyncio.Lock] = {}
+        self._last_used: dict[str, float] = {}
+        self._busy: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def track(self, model: str) -> Iterator[None]:
+        """Mark ``model`` busy while a request runs; busy adapters are never evicted."""
+        self._busy[model] += 1
+        self._last_used[model] = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy[model] -= 1
+            self._last_used[model] = time.monotonic()
+
+    def idle_s(self, name: str) -> float:
+        """Seconds since ``name`` was loaded or last served a request; 0 while busy."""
+        if self._busy[name]:
+            return 0.0
+        return time.monotonic() - self._last_used.get(name, 0.0)
 
     def updates(self) -> dict[str, EngineHandler]:
         """The engine updates this controller serves."""
@@ -159,14 +190,40 @@ class LoraController:
         path = await self._source.acquire(uri)
         card = self._adapter_card(name, uri, path)
         try:
-            await self._backend.add_adapter(name, card.lora.lora_id, path)  # type: ignore[union-attr]
+            await self._add_making_room(name, card.lora.lora_id, path)  # type: ignore[union-attr]
         except BaseException:
             self._source.release(uri)
             raise
         adapter = self.loaded[name] = LoadedAdapter(card=card, uri=uri)
+        self._last_used[name] = time.monotonic()
         await self._publish_or_roll_back(name, adapter)
         log.info("adapter loaded", adapter=name, uri=uri, path=str(path))
         return f"adapter {name!r} loaded from {uri}"
+
+    async def _add_making_room(self, name: str, adapter_id: int, path: Path) -> None:
+        """Add to the engine; when every slot is taken, evict the least recently used once."""
+        try:
+            await self._backend.add_adapter(name, adapter_id, path)
+        except CapacityError as full:
+            victim = self._eviction_candidate()
+            if victim is None:
+                raise CapacityError(
+                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy "
+                    f"({sorted(self.loaded)}); {full.message}",
+                    lora_name=name,
+                ) from full
+            log.info("evicting least recently used adapter", adapter=victim, for_adapter=name)
+            async with self._lock(victim):
+                await self._unload_locked(victim, self.loaded[victim])
+            await self._backend.add_adapter(name, adapter_id, path)
+
+    def _eviction_candidate(self) -> str | None:
+        free = [
+            name
+            for name in self.loaded
+            if name not in self.pinned and not self._busy[name] and not self._lock(name).locked()
+        ]
+        return min(free, key=lambda name: self._last_used.get(name, 0.0), default=None)
 
     async def _reload(self, name: str, uri: str, existing: LoadedAdapter) -> str:
         if existing.uri != uri:
@@ -213,6 +270,7 @@ class LoraController:
             adapter.published = True
             raise
         del self.loaded[name]
+        self._last_used.pop(name, None)
         self._source.release(adapter.uri)
         log.info("adapter unloaded", adapter=name)
 

@@ -18,16 +18,18 @@ import time
 import nats
 import structlog
 
-from discovery.client import connect_etcd
+from discovery.client import EtcdClient, connect_etcd
 from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
 from proto.discovery import Instance, encode_record
+from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
 from worker.endpoint import Endpoint, EndpointAddress
 from worker.engine import LLMEngine
 from worker.engine_registry import EngineRegistry
 from worker.engines import create_engine
 from worker.lora_routes import build_lora_support
+from worker.placement import Placement
 from worker.status_server import StatusServer, StatusState, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
@@ -67,11 +69,14 @@ class WorkerRuntime:
             self.registry.register(self.engine)
             endpoint.update_handler = self.registry.call
             await self._publish(lease, endpoint)
+            placement = await self._start_placement(etcd, lease.lease_id)
             status.ready = True
             log.info(
                 "worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject
             )
             await self._stop.wait()
+            if placement is not None:
+                await placement.aclose()
             await self._shutdown(endpoint, lease)
         finally:
             if status_server is not None:
@@ -108,6 +113,16 @@ class WorkerRuntime:
         key = instance_key(cfg.namespace, cfg.component, cfg.endpoint, address.instance_id)
         await lease.put(key, encode_record(instance))
         await endpoint.register_model(self.engine.base_card())
+
+    async def _start_placement(self, etcd: EtcdClient, instance_id: int) -> Placement | None:
+        """Follow the fleet's desired state when this engine manages adapters."""
+        if not isinstance(self.engine, AdapterEngine) or self.engine.lora is None:
+            return None
+        return await Placement.start(
+            etcd, namespace=self.config.namespace, controller=self.engine.lora,
+            instance_id=instance_id, base_model=self.engine.config.model_name,
+            idle_unload_s=self.config.lora_idle_unload_s,
+        )  # fmt: skip
 
     async def _shutdown(self, endpoint: Endpoint, lease: LeaseKeeper) -> None:
         log.info("shutting down", grace_s=self.config.shutdown_grace_s)

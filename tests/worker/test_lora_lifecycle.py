@@ -16,11 +16,19 @@ import nats
 import pytest
 
 from proto.discovery import decode_card, decode_instance
-from proto.inference import UpdateReply, UpdateRequest, encode_msg
+from proto.inference import (
+    FinalChunk,
+    GenerateRequest,
+    SamplingParams,
+    UpdateReply,
+    UpdateRequest,
+    encode_msg,
+)
 from proto.naming import lora_id
 from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir
+from tests.worker.streaming import stream
 
 LORA_ENV = {"DYN_LORA_ENABLED": "true"}
 SEED = 7
@@ -185,16 +193,42 @@ async def test_mutating_routes_need_the_bearer_token(lora_worker, adapters):
         assert ok.status_code == 200
 
 
-async def test_capacity_error_when_all_slots_are_taken(lora_worker, etcd, namespace, adapters):
+async def test_full_slots_evict_the_least_recently_used_adapter(
+    lora_worker, etcd, namespace, adapters
+):
     worker = lora_worker("--max-loras", "2")
     async with httpx.AsyncClient(base_url=worker.url) as client:
-        for name in ("a0", "a1"):
-            assert (
-                await client.post("/engine/update/load_lora", json=_load_body(name, adapters[name]))
-            ).status_code == 200
-        full = await client.post("/engine/update/load_lora", json=_load_body("a2", adapters["a2"]))
-        assert full.status_code == 429 and "slots are taken" in full.json()["message"]
+        for name in ("a0", "a1", "a2"):
+            response = await client.post(
+                "/engine/update/load_lora", json=_load_body(name, adapters[name])
+            )
+            assert response.status_code == 200, response.text
+        assert set(await _loaded(client)) == {"a1", "a2"}
         await assert_invariant(client, etcd, namespace)
+
+
+async def test_capacity_error_when_every_slot_is_busy(lora_worker, etcd, nc, namespace, adapters):
+    worker = lora_worker("--max-loras", "2", "--mocker-time-per-token-s", "0.05")
+    (instance_kv,) = list(await etcd.get_prefix(f"v1/instances/{namespace}/".encode()))
+    subject = decode_instance(instance_kv.value).subject
+    async with httpx.AsyncClient(base_url=worker.url) as client:
+        for name in ("a0", "a1"):
+            await client.post("/engine/update/load_lora", json=_load_body(name, adapters[name]))
+        busy = [
+            asyncio.create_task(stream(nc, subject, _long_request(name))) for name in ("a0", "a1")
+        ]
+        await asyncio.sleep(0.3)
+        full = await client.post("/engine/update/load_lora", json=_load_body("a2", adapters["a2"]))
+        assert full.status_code == 429 and "pinned or busy" in full.json()["message"]
+        for chunks in await asyncio.gather(*busy):
+            assert isinstance(chunks[-1], FinalChunk)  # the busy adapters kept serving
+        await assert_invariant(client, etcd, namespace)
+
+
+def _long_request(model: str) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=f"busy-{model}", model=model, sampling=SamplingParams(max_tokens=20)
+    )
 
 
 async def test_engine_failing_to_add_publishes_nothing(lora_worker, etcd, namespace, adapters):
