@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 import msgspec
@@ -75,16 +75,16 @@ class Completion:
     text: str
     final: FinalChunk
     instance: Instance
-    first_token_s: float | None = None
+    first_token_at: float | None = None
+    """``time.perf_counter()`` when the first token arrived, if any did."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class _Attempt:
     """One try of a request on one instance."""
 
     instance: Instance
     reply: Reply
-    started: float = field(default_factory=time.perf_counter)
 
 
 class TokenStream:
@@ -203,17 +203,17 @@ class Dispatcher:
 
     async def _collect(self, attempt: _Attempt) -> Completion:
         parts: list[str] = []
-        first_token_s: float | None = None
+        first_token_at: float | None = None
         while True:
             chunk = await self._next_chunk(attempt)
             if isinstance(chunk, TokenChunk):
-                if first_token_s is None:
-                    first_token_s = time.perf_counter() - attempt.started
+                if first_token_at is None:
+                    first_token_at = time.perf_counter()
                 parts.append(chunk.text)
             elif isinstance(chunk, FinalChunk):
                 text = "".join(parts)
                 return Completion(
-                    text=text, final=chunk, instance=attempt.instance, first_token_s=first_token_s
+                    text=text, final=chunk, instance=attempt.instance, first_token_at=first_token_at
                 )
             else:
                 raise WorkerError(attempt.instance.instance_id, error_from_info(chunk.error))

@@ -70,30 +70,49 @@ class GenerationService:
     ) -> msgspec.Struct | Stream:
         """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming."""
         started = time.perf_counter()
-        label = ""
-        try:
-            served = self.resolve(body.model)
-            label = served.name
-            answer = Answer(
-                id=shape.id_prefix + os.urandom(12).hex(), created=int(time.time()), model=label
-            )
-            request = to_generate(body, served, answer.id)
-        except LorafleetError as exc:
-            self._count_failure(label, shape.endpoint, exc, started)
-            raise
-        self.metrics.started(label, shape.endpoint)
+        served, request, answer = self._prepare(body, shape, to_generate, started)
+        self.metrics.started(answer.model, shape.endpoint)
         if body.stream:
             return await self._open_stream(served, request, shape, answer, body, started)
+        return await self._whole(served, request, shape, answer, started)
+
+    def _prepare(
+        self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], started: float
+    ) -> tuple[ServedModel, GenerateRequest, Answer]:
+        """Resolve the model and build the request; failures are counted, then raised."""
+        try:
+            served = self.resolve(body.model)
+        except LorafleetError as exc:
+            self._count_failure("", shape.endpoint, exc, started)
+            raise
+        answer = Answer(
+            id=shape.id_prefix + os.urandom(12).hex(), created=int(time.time()), model=served.name
+        )
+        try:
+            return served, to_generate(body, served, answer.id), answer
+        except LorafleetError as exc:
+            self._count_failure(served.name, shape.endpoint, exc, started)
+            raise
+
+    async def _whole(
+        self,
+        served: ServedModel,
+        request: GenerateRequest,
+        shape: Shape,
+        answer: Answer,
+        started: float,
+    ) -> msgspec.Struct:
         try:
             completion = await self.dispatcher.complete(served, request)
         except LorafleetError as exc:
-            self._count_failure(label, shape.endpoint, exc, started)
+            self._count_failure(answer.model, shape.endpoint, exc, started)
             raise
         finally:
-            self.metrics.ended(label, shape.endpoint)
-        if completion.first_token_s is not None:
-            self.metrics.first_token_after(label, shape.endpoint, completion.first_token_s)
-        self.metrics.answered(label, shape.endpoint, 200, time.perf_counter() - started)
+            self.metrics.ended(answer.model, shape.endpoint)
+        if completion.first_token_at is not None:
+            first_token_s = completion.first_token_at - started
+            self.metrics.first_token_after(answer.model, shape.endpoint, first_token_s)
+        self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
         return shape.whole(answer, completion.text, completion.final)
 
     async def _open_stream(
