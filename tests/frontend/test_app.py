@@ -261,3 +261,16 @@ async def _until_status(frontend, status: int) -> None:
     async with asyncio.timeout(10):
         while (await frontend.http.get("/health")).status_code != status:
             await asyncio.sleep(0.05)
+
+
+async def test_two_frontends_side_by_side_serve_the_same_fleet(
+    frontend, workers, nats_url, etcd_url, etcd, namespace
+) -> None:
+    worker = await _start(workers, nats_url, etcd, namespace)
+    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url)
+    async with run_frontend(config) as other:
+        for running in (frontend, other):
+            await wait_for_models(running, {"demo"})
+            response = await running.http.post(CHAT, json=_chat(max_tokens=2))
+            assert response.json()["choices"][0]["message"]["content"] == "tok0 tok1"
+    assert len(worker.generated) == 2
