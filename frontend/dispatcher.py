@@ -118,6 +118,11 @@ class TokenStream:
                 lost = UpstreamError(f"it stopped answering mid-stream ({exc.reason})")
                 raise WorkerError(self.instance.instance_id, lost) from exc
 
+    @property
+    def buffered(self) -> bool:
+        """Whether more chunks already arrived, so the next step will not wait."""
+        return self._attempt.reply.pending > 0
+
     def close(self) -> None:
         """Release the attempt; if the answer did not finish, cancel it at the worker."""
         self._dispatcher._finish(self._attempt)

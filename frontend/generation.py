@@ -168,23 +168,26 @@ class GenerationService:
         include_usage: bool,
         release: Callable[[], None],
     ) -> AsyncIterator[bytes]:
-        """The SSE events of one stream; always released at the end."""
+        """The SSE events of one stream, written together when several are ready; released."""
+        opening = shape.opening(answer)
+        batch = [opening] if opening else []
         try:
-            opening = shape.opening(answer)
-            if opening:
-                yield opening
             async for chunk in tokens:
                 if isinstance(chunk, TokenChunk):
-                    yield shape.token(answer, chunk.text)
+                    batch.append(shape.token(answer, chunk.text))
                 elif isinstance(chunk, FinalChunk):
-                    yield shape.finishing(answer, chunk)
+                    batch.append(shape.finishing(answer, chunk))
                     if include_usage:
-                        yield shape.usage(answer, chunk)
-            yield SSE_DONE
+                        batch.append(shape.usage(answer, chunk))
+                if not tokens.buffered:
+                    yield b"".join(batch)
+                    batch.clear()
+            batch.append(SSE_DONE)
+            yield b"".join(batch)
         except LorafleetError as exc:
             log.warning("stream failed", model=answer.model, request=answer.id, error=exc.message)
             self.metrics.failed(answer.model, shape.endpoint, exc.code)
-            yield sse(openai_error(exc)[1]) + SSE_DONE
+            yield b"".join(batch) + sse(openai_error(exc)[1]) + SSE_DONE
         finally:
             release()
 

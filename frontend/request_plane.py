@@ -92,6 +92,11 @@ class Reply:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
 
+    @property
+    def pending(self) -> int:
+        """Messages that arrived and were not read yet."""
+        return len(self._messages)
+
     def push(self, msg: Msg) -> None:
         """Queue one message and wake the reader."""
         self._messages.append(msg)
