@@ -85,6 +85,7 @@ class _Attempt:
 
     instance: Instance
     reply: Reply
+    request_id: str
 
 
 class TokenStream:
@@ -204,7 +205,7 @@ class Dispatcher:
         except BaseException:
             self.router.finished(instance.instance_id)
             raise
-        return _Attempt(instance=instance, reply=reply)
+        return _Attempt(instance=instance, reply=reply, request_id=request.request_id)
 
     async def _collect(self, attempt: _Attempt) -> Completion:
         parts: list[str] = []
@@ -230,7 +231,9 @@ class Dispatcher:
             msg = await attempt.reply.next(self.settings.stall_s)
             if msg is None:
                 if not await self.plane.ping(instance.subject, self.settings.ping_timeout_s):
-                    raise InstanceLostError(instance.instance_id, "it stopped answering")
+                    raise InstanceLostError(
+                        instance.instance_id, "it stopped answering", stalled=True
+                    )
                 continue
             if is_no_responders(msg):
                 raise InstanceLostError(instance.instance_id, "no responder on its subject")
@@ -260,6 +263,8 @@ class Dispatcher:
             raise exc
         if isinstance(exc, InstanceLostError):
             self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
+            if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
+                self.plane.cancel(attempt.instance.subject, attempt.request_id)
         log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
                  reason=exc.message)  # fmt: skip
         return exc

@@ -143,9 +143,10 @@ class NoLiveInstanceError(UnavailableError):
 class InstanceLostError(UnavailableError):
     """An instance has no responder or stopped answering; another may be tried."""
 
-    def __init__(self, instance_id: int, reason: str) -> None:
+    def __init__(self, instance_id: int, reason: str, *, stalled: bool = False) -> None:
         self.instance_id = instance_id
         self.reason = reason
+        self.stalled = stalled
         super().__init__(f"Worker instance {instance_id:x} is not answering: {reason}")
 
 
