@@ -151,6 +151,19 @@ class LoRAManager:
             del self._users[key]
             self._cache.unmark_in_use(key)
 
+    async def aclose(self) -> None:
+        """Cancel downloads in flight (their private directories are deleted) and wait for them."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> LoRAManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def _sources_for(self, uri: str) -> list[LoRASource]:
         scheme = uri_scheme(uri)
         sources = self._sources.get(scheme)

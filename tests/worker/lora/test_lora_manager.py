@@ -301,3 +301,18 @@ async def test_release_makes_an_acquired_entry_evictable_and_tolerates_extra_cal
     await manager.download("demo://c")
 
     assert not manager.is_cached("demo://a") and manager.is_cached("demo://c")
+
+
+async def test_aclose_cancels_downloads_in_flight_and_leaves_nothing_behind(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    gate = asyncio.Event()
+    async with _manager(tmp_path) as manager:
+        manager.register_custom_source("demo", RecordingSource(make_adapter, gate=gate))
+        waiter = asyncio.create_task(manager.download("demo://x"))
+        await asyncio.sleep(0.05)
+
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
+    assert not manager.is_cached("demo://x")
