@@ -283,6 +283,9 @@ async def test_unwritable_cache_directory_is_reported_not_raised_bare(
 
     assert "local file system error (NotADirectoryError" in caught.value.message
     assert str(tmp_path / "a-file" / "cache") in caught.value.message
+    with pytest.raises(LoraUnavailableError, match="local file system error"):
+        await manager.acquire("demo://x")
+    assert not manager.is_cached("demo://x")
 
 
 async def test_release_makes_an_acquired_entry_evictable_and_tolerates_extra_calls(
