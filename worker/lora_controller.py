@@ -38,6 +38,7 @@ from proto.errors import (
 from proto.naming import lora_id, lora_slug
 from worker import metrics
 from worker.engine import AdapterBackend, EngineHandler, ModelEndpoint
+from worker.lora import redact_uri
 
 __all__ = ["AdapterSource", "LoadedAdapter", "LoraController"]
 
@@ -170,14 +171,14 @@ class LoraController:
         supported = sorted(self._source.supported_schemes())
         if not sep or not rest:
             raise InvalidRequestError(
-                f"source.uri {uri!r} of adapter {name!r} is not a URI; use e.g. file:///path "
-                f"or s3://bucket/prefix (supported schemes: {supported})",
+                f"source.uri {redact_uri(uri)!r} of adapter {name!r} is not a URI; use e.g. "
+                f"file:///path or s3://bucket/prefix (supported schemes: {supported})",
                 lora_name=name,
             )
         if scheme.lower() not in supported:
             raise InvalidRequestError(
-                f"source.uri {uri!r} of adapter {name!r} has unsupported scheme {scheme!r}; "
-                f"supported: {supported}",
+                f"source.uri {redact_uri(uri)!r} of adapter {name!r} has unsupported scheme "
+                f"{scheme!r}; supported: {supported}",
                 lora_name=name,
             )
         return uri
@@ -197,8 +198,8 @@ class LoraController:
         adapter = self.loaded[name] = LoadedAdapter(card=card, uri=uri)
         self._last_used[name] = time.monotonic()
         await self._publish_or_roll_back(name, adapter)
-        log.info("adapter loaded", adapter=name, uri=uri, path=str(path))
-        return f"adapter {name!r} loaded from {uri}"
+        log.info("adapter loaded", adapter=name, uri=redact_uri(uri), path=str(path))
+        return f"adapter {name!r} loaded from {redact_uri(uri)}"
 
     async def _add_making_room(self, name: str, adapter_id: int, path: Path) -> None:
         """Add to the engine; when every slot is taken, evict the least recently used once."""
@@ -228,8 +229,8 @@ class LoraController:
     async def _reload(self, name: str, uri: str, existing: LoadedAdapter) -> str:
         if existing.uri != uri:
             raise ConflictError(
-                f"adapter {name!r} is already loaded from {existing.uri}; unload it before "
-                f"loading it from {uri}",
+                f"adapter {name!r} is already loaded from {redact_uri(existing.uri)}; unload it "
+                f"before loading it from {redact_uri(uri)}",
                 lora_name=name,
             )
         if existing.published:
@@ -297,7 +298,7 @@ class LoraController:
         base = self._base_card
         info = LoraInfo(
             name=name, lora_id=lora_id(name), base_model=base.display_name,
-            uri=uri, local_path=str(path),
+            uri=redact_uri(uri), local_path=str(path),
         )  # fmt: skip
         return msgspec.structs.replace(
             base, display_name=name, slug=lora_slug(name), source_path=str(path), lora=info

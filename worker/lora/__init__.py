@@ -1,5 +1,6 @@
 """The LoRA manager: resolve adapter URIs (file://, s3://, custom) to local adapter directories."""
 
+from worker.lora._redact import redact_uri
 from worker.lora.config import LoRAManagerConfig
 from worker.lora.errors import (
     LoraConfigError,
@@ -23,4 +24,5 @@ __all__ = [
     "LoraNotFoundError",
     "LoraSourceError",
     "LoraUnavailableError",
+    "redact_uri",
 ]

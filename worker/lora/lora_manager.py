@@ -108,10 +108,13 @@ class LoRAManager:
             if isinstance(source, InPlaceSource):
                 try:
                     source.local_path(uri)
-                except LoraSourceError:
+                except (LoraSourceError, OSError):
                     continue
                 return True
-        return self._cache.lookup(cache_key(uri), touch=False) is not None
+        try:
+            return self._cache.lookup(cache_key(uri), touch=False) is not None
+        except OSError:
+            return False
 
     async def download(self, uri: str) -> Path:
         """Return the local adapter directory of ``uri``, fetching it once if not cached.
@@ -134,7 +137,7 @@ class LoRAManager:
         self._users[key] += 1
         try:
             if self._users[key] == 1:
-                await asyncio.to_thread(self._cache.mark_in_use, key)
+                await self._mark_in_use(uri, key)
             return await self.download(uri)
         except BaseException:
             self.release(uri)
@@ -149,7 +152,29 @@ class LoRAManager:
         self._users[key] -= 1
         if self._users[key] == 0:
             del self._users[key]
-            self._cache.unmark_in_use(key)
+            try:
+                self._cache.unmark_in_use(key)
+            except OSError as exc:
+                log.warning("lora.unmark_failed", uri=redact_uri(uri), error=type(exc).__name__)
+
+    async def aclose(self) -> None:
+        """Cancel downloads in flight (their private directories are deleted) and wait for them."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> LoRAManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _mark_in_use(self, uri: str, key: str) -> None:
+        try:
+            await asyncio.to_thread(self._cache.mark_in_use, key)
+        except OSError as exc:
+            raise self._disk_error(uri, exc) from exc
 
     def _sources_for(self, uri: str) -> list[LoRASource]:
         scheme = uri_scheme(uri)

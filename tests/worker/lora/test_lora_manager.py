@@ -283,6 +283,9 @@ async def test_unwritable_cache_directory_is_reported_not_raised_bare(
 
     assert "local file system error (NotADirectoryError" in caught.value.message
     assert str(tmp_path / "a-file" / "cache") in caught.value.message
+    with pytest.raises(LoraUnavailableError, match="local file system error"):
+        await manager.acquire("demo://x")
+    assert not manager.is_cached("demo://x")
 
 
 async def test_release_makes_an_acquired_entry_evictable_and_tolerates_extra_calls(
@@ -301,3 +304,18 @@ async def test_release_makes_an_acquired_entry_evictable_and_tolerates_extra_cal
     await manager.download("demo://c")
 
     assert not manager.is_cached("demo://a") and manager.is_cached("demo://c")
+
+
+async def test_aclose_cancels_downloads_in_flight_and_leaves_nothing_behind(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    gate = asyncio.Event()
+    async with _manager(tmp_path) as manager:
+        manager.register_custom_source("demo", RecordingSource(make_adapter, gate=gate))
+        waiter = asyncio.create_task(manager.download("demo://x"))
+        await asyncio.sleep(0.05)
+
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
+    assert not manager.is_cached("demo://x")

@@ -24,6 +24,7 @@ from worker.lora import (
     LoraNotFoundError,
     LoraUnavailableError,
 )
+from worker.lora.s3_source import S3Source
 from worker.lora.uri import cache_key
 
 
@@ -212,3 +213,18 @@ async def test_download_killed_half_way_leaves_no_valid_entry(
     path = await manager.download(uri)
     assert manager.is_cached(uri) and path.name == cache_key(uri)
     assert list((tmp_path / "cache" / ".tmp").iterdir()) == []  # the dead child's leftovers
+
+
+async def test_exists_answers_without_downloading(
+    tmp_path: Path, aws_env: Any, upload: Callable[..., str], bucket: Any
+) -> None:
+    uri = upload("present")
+    source = S3Source()
+    aws_env.reset_requests()
+
+    assert await source.exists(uri)
+    assert not await source.exists(f"s3://{bucket.name}/absent")
+    assert not await source.exists("s3://no-such-bucket-lorafleet/x")
+    assert all(
+        request.startswith("GET") and "list-type=2" in request for request in aws_env.requests()
+    )
