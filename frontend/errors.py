@@ -12,7 +12,7 @@ Hierarchy::
     proto.errors.UpstreamError
     └── WorkerError              a worker answered with an error                 502
 
-Edit :data:`HTTP_STATUS_BY_CODE` to change what status a code answers.
+The code -> HTTP status table is ``proto.errors.HTTP_STATUS_BY_CODE``, shared with workers.
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from types import MappingProxyType
 from typing import Final
 
 from proto.errors import (
+    HTTP_STATUS_BY_CODE,
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
     UnavailableError,
     UpstreamError,
+    http_status,
 )
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
@@ -43,19 +45,6 @@ __all__ = [
     "openai_type",
 ]
 
-HTTP_STATUS_BY_CODE: Final[Mapping[str, int]] = MappingProxyType(
-    {
-        "invalid_request": 400,
-        "unauthorized": 401,
-        "not_found": 404,
-        "conflict": 409,
-        "capacity": 429,
-        "internal_error": 500,
-        "upstream_error": 502,
-        "unavailable": 503,
-    }
-)
-"""The HTTP status each stable error code answers; unknown codes answer 500."""
 
 OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
     {
@@ -72,11 +61,6 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
 """OpenAI's error ``type`` by status; anything else is a ``server_error``."""
 
 MAX_NAMES_IN_MESSAGE: Final = 20
-
-
-def http_status(code: str) -> int:
-    """Return the HTTP status of a stable error code."""
-    return HTTP_STATUS_BY_CODE.get(code, 500)
 
 
 def openai_type(status: int) -> str:
