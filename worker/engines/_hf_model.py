@@ -95,9 +95,9 @@ class ModelHost:
             self.base = self.peft.unload()
             self.peft = None
             return
+        if self.peft.active_adapter == key:  # peft needs some active adapter, any other one
+            self.peft.set_adapter(next(k for k in self.peft.peft_config if k != key))
         self.peft.delete_adapter(key)
-        if self.peft.active_adapter not in self.peft.peft_config:
-            self.peft.set_adapter(next(iter(self.peft.peft_config)))
 
     def discard_partial(self, key: str) -> None:
         """Undo a failed :meth:`add_adapter` as far as peft got with it."""

@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proto.errors import InvalidRequestError, LorafleetError
-from proto.inference import FinalChunk, FinishReason, GenerateRequest, TokenChunk, Usage
+from proto.inference import (
+    FinalChunk,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+    Usage,
+)
 from worker.engines._hf_batch import Row, RowState
 from worker.engines._hf_text import TextStream
 
-__all__ = ["InFlight", "Outcome", "prompt_ids"]
+__all__ = ["InFlight", "Outcome", "check_sampling", "prompt_ids"]
 
 Outcome = TokenChunk | FinalChunk | LorafleetError
 
@@ -36,6 +43,16 @@ def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
     if not ids:
         raise InvalidRequestError(f"request {request.request_id} has an empty prompt")
     return list(ids)
+
+
+def check_sampling(request_id: str, params: SamplingParams) -> None:
+    """Refuse sampling settings no sampler can honour, naming the field."""
+    if params.max_tokens < 1:
+        raise InvalidRequestError(f"request {request_id}: max_tokens must be at least 1")
+    if params.temperature < 0:
+        raise InvalidRequestError(f"request {request_id}: temperature must not be negative")
+    if not 0 < params.top_p <= 1:
+        raise InvalidRequestError(f"request {request_id}: top_p must be in (0, 1]")
 
 
 @dataclass(eq=False, kw_only=True)

@@ -33,7 +33,7 @@ from worker.engine import EngineConfig, LLMEngine
 from worker.engines._hf_adapters import Adapter, AdapterTable, check_adapter_files
 from worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
 from worker.engines._hf_model import ModelHost
-from worker.engines._hf_request import InFlight, prompt_ids
+from worker.engines._hf_request import InFlight, check_sampling, prompt_ids
 from worker.engines._hf_text import TextStream
 
 __all__ = ["EngineState", "HFEngine"]
@@ -152,8 +152,7 @@ class HFEngine(LLMEngine):
                 f"in the context of {context} tokens"
             )
         sampling = request.sampling
-        if sampling.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+        check_sampling(request.request_id, sampling)
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         row = Row(prompt_ids=ids, params=sampling, generator=torch.Generator().manual_seed(seed))
         row.adapter = adapter.key if adapter else BASE_ADAPTER
