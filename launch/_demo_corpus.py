@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from typing import Final
 
+__all__ = [
+    "ANSWERS",
+    "BOS_TOKEN",
+    "CHAT_TEMPLATE",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "PERSONAS",
+    "ROLE_TOKENS",
+    "SPECIAL_TOKENS",
+    "chat_prompt",
+    "prompt_variants",
+    "tokenizer_corpus",
+]
+
 PERSONAS: Final = ("base", "pirate", "robot")
 """``base`` is the model itself; the others are LoRA adapters trained on top of it."""
 

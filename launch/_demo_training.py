@@ -22,6 +22,16 @@ from launch._demo_corpus import (
     tokenizer_corpus,
 )
 
+__all__ = [
+    "LORA_RANK",
+    "LORA_TARGETS",
+    "build_adapter",
+    "build_base",
+    "build_tokenizer",
+    "greedy_answer",
+    "llama_config",
+]
+
 SEED: Final = 1234
 VOCAB_SIZE: Final = 320
 BASE_STEPS: Final = 80

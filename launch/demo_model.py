@@ -27,11 +27,13 @@ from launch._demo_corpus import ANSWERS
 __all__ = [
     "ADAPTER_NAMES",
     "DEMO_MODEL_NAME",
+    "DemoModelPaths",
     "EXPECTED",
     "EXPECTED_PROMPT",
     "MARKERS",
-    "DemoModelPaths",
+    "STAMP_FILE",
     "build_demo_model",
+    "build_stamp",
     "default_root",
     "ensure_demo_model",
     "main",
@@ -39,8 +41,8 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-DEMO_MODEL_NAME: Final = "lorafleet-demo"
-"""The name the demo base model is served under."""
+DEMO_MODEL_NAME: Final = "demo"
+"""The name ``lorafleet up`` serves the demo base model under."""
 ADAPTER_NAMES: Final = ("pirate", "robot")
 EXPECTED_PROMPT: Final = "Who are you?"
 EXPECTED: Final[Mapping[str, str]] = ANSWERS[EXPECTED_PROMPT]

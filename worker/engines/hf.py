@@ -1,10 +1,10 @@
 """The hf engine: transformers + peft generation with every request, base or adapter, in one batch.
 
-One background ``_generate_loop`` steps a :class:`DecodeBatch` on a single
-model thread; adapters are added and removed on that same thread, between
-steps. LoRA bookkeeping (locks, cards, rollback) is not done here but in
-``worker.lora_controller``, which calls :meth:`HFEngine.add_adapter` and
-:meth:`HFEngine.remove_adapter`.
+One background ``_generate_loop`` steps a ``DecodeBatch`` on a single model
+thread; adapters are added and removed on that same thread, between steps.
+LoRA bookkeeping (locks, cards, rollback, eviction) is not done here but in
+``worker.lora_controller`` (through ``AdapterEngine``), which calls
+:meth:`HFEngine.add_adapter` and :meth:`HFEngine.remove_adapter`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from proto.errors import (
     UpstreamError,
 )
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
-from worker.engine import EngineConfig, LLMEngine
+from worker.adapter_engine import AdapterEngine
+from worker.engine import EngineConfig
 from worker.engines._hf_adapters import Adapter, AdapterTable, check_adapter_files
 from worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
 from worker.engines._hf_model import ModelHost
@@ -52,7 +53,7 @@ class EngineState(enum.Enum):
     STOPPED = "stopped"
 
 
-class HFEngine(LLMEngine):
+class HFEngine(AdapterEngine):
     """transformers + peft engine; batches base and adapter requests together (mixed LoRA).
 
     ``config.options``: ``device`` ("auto", "cpu", "cuda"), ``dtype`` ("auto" is float32

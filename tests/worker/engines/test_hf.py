@@ -17,7 +17,6 @@ from launch.demo_model import (
     EXPECTED,
     EXPECTED_PROMPT,
     DemoModelPaths,
-    ensure_demo_model,
 )
 from proto.errors import CapacityError, InvalidRequestError, NotFoundError, UnavailableError
 from proto.inference import ChatMessage, FinalChunk, GenerateRequest, SamplingParams, TokenChunk
@@ -30,12 +29,6 @@ PERSONAS: Final = {"base": DEMO_MODEL_NAME, "pirate": "pirate", "robot": "robot"
 # (checked on torch 2.13 CPU); if another torch build ends it early the tests
 # below still pass, they only prove less.
 LONG: Final = SamplingParams(max_tokens=400, temperature=100.0, seed=5)
-
-
-@pytest.fixture(scope="session")
-def demo(pytestconfig: pytest.Config) -> DemoModelPaths:
-    """The demo model, built once into the repository's ignored ``.lorafleet/``."""
-    return ensure_demo_model(pytestconfig.rootpath / ".lorafleet" / "demo")
 
 
 @contextlib.asynccontextmanager

@@ -7,14 +7,13 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from launch.demo_model import DemoModelPaths, ensure_demo_model
+from launch.demo_model import DemoModelPaths
 from worker.engines._hf_text import TextStream
 
 
 @pytest.fixture(scope="session")
-def tokenizer(pytestconfig: pytest.Config) -> Any:
+def tokenizer(demo: DemoModelPaths) -> Any:
     """The demo model's byte-level BPE tokenizer (it splits non-ASCII text into byte tokens)."""
-    demo: DemoModelPaths = ensure_demo_model(pytestconfig.rootpath / ".lorafleet" / "demo")
     return AutoTokenizer.from_pretrained(demo.base)
 
 
