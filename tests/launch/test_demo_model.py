@@ -35,12 +35,6 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def demo(pytestconfig: pytest.Config) -> DemoModelPaths:
-    """The demo model, built once into the repository's ignored ``.lorafleet/``."""
-    return ensure_demo_model(pytestconfig.rootpath / ".lorafleet" / "demo")
-
-
 def _file_digests(root: Path) -> dict[str, bytes]:
     return {
         str(path.relative_to(root)): path.read_bytes()
