@@ -80,6 +80,7 @@ def stack(engine: DockerEngine) -> Iterator[Stack]:
     finally:
         logs = engine.compose("logs", "--no-color", env=env, check=False)
         (WORKDIR / "compose.log").write_text(logs)
+        print(f"the services' logs are in {WORKDIR / 'compose.log'}")
         engine.compose("down", "--volumes", "--timeout", "30", env=env, check=False)
 
 
