@@ -7,9 +7,9 @@ It must not touch an engine that is already running on the machine.
 
 import os
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Self
 
@@ -44,13 +44,12 @@ class DockerEngine:
 
     Typical use:
         with DockerEngine.start(Path("/var/tmp/lorafleet-compose")) as engine:
-            engine.docker("info")
+            engine.run("info")
     """
 
     def __init__(self, workdir: Path, process: subprocess.Popen[bytes]) -> None:
         self.workdir = workdir
         self.process = process
-        self.log_path = workdir / "dockerd.log"
         self.env = {
             **os.environ,
             "DOCKER_HOST": f"unix://{workdir / 'docker.sock'}",
@@ -64,6 +63,7 @@ class DockerEngine:
         if SYSTEM_SOCKET.exists():
             raise EngineError(f"an engine already listens on {SYSTEM_SOCKET}; stop it first")
         workdir.mkdir(parents=True, exist_ok=True)
+        stop_leftover(workdir)
         install_compose_plugin(workdir / "docker-config")
         (workdir / "dockerd.log").unlink(missing_ok=True)
         for driver in STORAGE_DRIVERS:
@@ -119,7 +119,7 @@ class DockerEngine:
 
 def spawn_dockerd(workdir: Path, driver: str) -> subprocess.Popen[bytes]:
     """Start dockerd with its data root, exec root, socket and pidfile in `workdir`."""
-    args: Sequence[str] = [
+    args = [
         "dockerd",
         f"--data-root={workdir / 'data'}",
         f"--exec-root={workdir / 'exec'}",
@@ -139,3 +139,21 @@ def install_compose_plugin(config_dir: Path) -> None:
     link = plugins / "docker-compose"
     link.unlink(missing_ok=True)
     link.symlink_to(compose_binary())
+
+
+def stop_leftover(workdir: Path) -> None:
+    """Stop a dockerd that an interrupted earlier run left on this work folder, if any."""
+    pidfile = workdir / "dockerd.pid"
+    if not pidfile.exists():
+        return
+    pid = int(pidfile.read_text().strip())
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return
+    if f"--data-root={workdir / 'data'}".encode() not in cmdline:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
