@@ -81,7 +81,7 @@ def build_python_image(engine: DockerEngine, workdir: Path, image: str) -> None:
     shutil.rmtree(rootfs, ignore_errors=True)
     include = f"--include={','.join(PYTHON_PACKAGES)}"
     command = ["debootstrap", "--variant=minbase", include, SUITE, str(rootfs), debian_mirror()]
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(command, check=True)  # its output shows in pytest's report on failure
     configure_pip(rootfs)
     in_chroot(rootfs, "apt-get", "clean")
     shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
@@ -95,7 +95,7 @@ def build_python_image(engine: DockerEngine, workdir: Path, image: str) -> None:
 
 def in_chroot(rootfs: Path, *command: str) -> None:
     """Run `command` inside `rootfs` with chroot."""
-    subprocess.run(["chroot", str(rootfs), *command], check=True, capture_output=True)
+    subprocess.run(["chroot", str(rootfs), *command], check=True)
 
 
 def configure_pip(rootfs: Path) -> None:
