@@ -19,6 +19,8 @@ import pytest
 from dockerd import DockerEngine, ensure_packages
 from standins import build_standins
 
+from tests.etcdctl_output import json_values
+
 WORKDIR: Final = Path(os.environ.get("LORAFLEET_COMPOSE_WORKDIR", "/var/tmp/lorafleet-compose"))
 UP_TIMEOUT_S: Final = 1800
 PUBLISH_TIMEOUT_S: Final = 30.0
@@ -126,8 +128,10 @@ def test_loaded_adapter_is_listed_with_its_base(
 
 
 def test_adapter_card_is_in_etcd(stack: Stack, loaded_adapter: dict[str, Any]) -> None:
-    output = stack.compose("exec", "-T", "etcd", "etcdctl", "get", "--prefix", "v1/mdc/")
-    cards = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    output = stack.compose(
+        "exec", "-T", "etcd", "etcdctl", "get", "--prefix", "v1/mdc/", "--print-value-only"
+    )
+    cards = json_values(output)
     adapters = [card["lora"] for card in cards if card.get("lora")]
     assert [lora["name"] for lora in adapters] == [ADAPTER]
     assert adapters[0]["lora_id"] == loaded_adapter["lora_id"]

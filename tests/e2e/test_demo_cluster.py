@@ -8,7 +8,6 @@ unload it, and see the base model answer the same throughout.
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import openai
 import pytest
 
 from launch.demo_model import EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from tests.etcdctl_output import json_values
 from tests.processes import ServiceProcess, start_frontend, start_worker
 
 pytestmark = pytest.mark.slow
@@ -57,12 +57,7 @@ def _etcdctl_cards(etcd_url: str, namespace: str) -> list[dict]:
          "--print-value-only"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    decoder, cards, rest = json.JSONDecoder(), [], output.strip()
-    while rest:
-        card, end = decoder.raw_decode(rest)
-        cards.append(card)
-        rest = rest[end:].strip()
-    return cards
+    return json_values(output)
 
 
 def _model_ids(frontend: ServiceProcess) -> dict[str, str | None]:
