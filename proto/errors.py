@@ -17,7 +17,7 @@ receiving side can rebuild the right error class without parsing messages.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -25,6 +25,7 @@ __all__ = [
     "CapacityError",
     "ConflictError",
     "ErrorInfo",
+    "HTTP_STATUS_BY_CODE",
     "InvalidRequestError",
     "LorafleetError",
     "NotFoundError",
@@ -32,6 +33,7 @@ __all__ = [
     "UnavailableError",
     "UpstreamError",
     "error_from_info",
+    "http_status",
 ]
 
 
@@ -47,9 +49,11 @@ class LorafleetError(Exception):
 
     code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
         self.message = message
+        self.fields = fields
+        """Structured context (``lora_name=``, ``uri=``, ...) shown beside the message."""
 
     def to_info(self) -> ErrorInfo:
         """Return the wire form of this error."""
@@ -111,6 +115,24 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         UpstreamError,
     )
 }
+
+
+HTTP_STATUS_BY_CODE: dict[str, int] = {
+    "invalid_request": 400,
+    "unauthorized": 401,
+    "not_found": 404,
+    "conflict": 409,
+    "capacity": 429,
+    "internal_error": 500,
+    "upstream_error": 502,
+    "unavailable": 503,
+}
+"""The one table from error code to HTTP status, used by the worker and the frontend."""
+
+
+def http_status(code: str) -> int:
+    """HTTP status for an error code; unknown codes are internal errors (500)."""
+    return HTTP_STATUS_BY_CODE.get(code, 500)
 
 
 def error_from_info(info: ErrorInfo) -> LorafleetError:

@@ -8,12 +8,13 @@ The LoRA bookkeeping (locks, publish, rollback) lives once in
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
 
-from proto.discovery import ModelDeploymentCard
+from proto.discovery import ModelDeploymentCard, RuntimeConfig
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from proto.naming import lora_slug
 
@@ -110,12 +111,18 @@ class LLMEngine(abc.ABC):
 
     def base_card(self) -> ModelDeploymentCard:
         """The card of the base model this engine serves."""
-        name = self.config.model_name
+        config = self.config
         return ModelDeploymentCard(
-            display_name=name,
-            slug=lora_slug(name),
-            source_path=self.config.model,
-            context_length=self.config.context_length,
+            display_name=config.model_name,
+            slug=lora_slug(config.model_name),
+            source_path=config.model,
+            context_length=config.context_length,
+            runtime_config=RuntimeConfig(
+                max_loras=config.max_loras,
+                max_lora_rank=config.max_lora_rank,
+                enable_lora=config.enable_lora,
+            ),
+            created=int(time.time()),
         )
 
     def supported_controls(self) -> dict[str, EngineHandler]:

@@ -1,0 +1,85 @@
+"""The etcd key layout, built in one place (see ARCHITECTURE.md, "etcd key layout").
+
+Edit only together with the design: frontends and workers of different
+versions must agree on these keys.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ADAPTERS_ROOT",
+    "INSTANCES_ROOT",
+    "MDC_ROOT",
+    "adapter_key",
+    "adapters_prefix",
+    "base_card_key",
+    "card_prefix",
+    "instance_key",
+    "instance_prefix",
+    "lora_card_key",
+    "nats_subject",
+    "parse_card_key",
+]
+
+INSTANCES_ROOT: Final = "v1/instances/"
+MDC_ROOT: Final = "v1/mdc/"
+ADAPTERS_ROOT: Final = "v1/adapters/"
+
+
+def _path(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
+    return f"{namespace}/{component}/{endpoint}/{instance_id:x}"
+
+
+def instance_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
+    """Key of a worker endpoint's ``Instance`` record."""
+    return INSTANCES_ROOT + _path(namespace, component, endpoint, instance_id)
+
+
+def instance_prefix(namespace: str) -> str:
+    """Prefix of every instance record in a namespace."""
+    return f"{INSTANCES_ROOT}{namespace}/"
+
+
+def base_card_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
+    """Key of an instance's base-model card."""
+    return MDC_ROOT + _path(namespace, component, endpoint, instance_id)
+
+
+def lora_card_key(
+    namespace: str, component: str, endpoint: str, instance_id: int, slug: str
+) -> str:
+    """Key of an instance's card for the adapter with ``slug``."""
+    return f"{base_card_key(namespace, component, endpoint, instance_id)}/{slug}"
+
+
+def card_prefix(namespace: str) -> str:
+    """Prefix of every card in a namespace."""
+    return f"{MDC_ROOT}{namespace}/"
+
+
+def adapters_prefix(namespace: str) -> str:
+    """Prefix of the fleet's desired adapter state in a namespace."""
+    return f"{ADAPTERS_ROOT}{namespace}/"
+
+
+def adapter_key(namespace: str, slug: str) -> str:
+    """Key of one adapter's desired state (persistent, no lease)."""
+    return f"{adapters_prefix(namespace)}{slug}"
+
+
+def nats_subject(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
+    """NATS subject one instance answers on; the frontend picks instances, never NATS."""
+    return f"{namespace}.{component}.{endpoint}-{instance_id:x}"
+
+
+def parse_card_key(key: str) -> tuple[str, int, str | None]:
+    """Split a card key into (``ns/component/endpoint``, instance id, lora slug or None).
+
+    Raises ValueError for a key outside the card layout.
+    """
+    parts = key.removeprefix(MDC_ROOT).split("/")
+    if not key.startswith(MDC_ROOT) or len(parts) not in (4, 5):
+        raise ValueError(f"not a card key: {key!r}")
+    return "/".join(parts[:3]), int(parts[3], 16), parts[4] if len(parts) == 5 else None

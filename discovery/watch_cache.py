@@ -1,0 +1,159 @@
+"""A local copy of an etcd prefix that follows every change.
+
+List the prefix at revision R, watch from R+1, apply PUT and DELETE events;
+on any stream failure or compaction, list again and carry on, so the cache
+always converges to etcd. Subscribers hear every add and remove exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Mapping
+from typing import Final, Generic, TypeAlias, TypeVar
+
+import msgspec
+import structlog
+
+from discovery.client import EtcdClient
+
+__all__ = ["WatchCache", "WatchListener"]
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+WatchListener: TypeAlias = Callable[[str, "T | None", "T | None"], None]
+"""Called as ``listener(key, old, new)``: add has ``old=None``, remove has ``new=None``."""
+
+MAX_BACKOFF_S: Final = 1.0
+
+
+class WatchCache(Generic[T]):
+    """Decoded records under one prefix, kept equal to etcd by ``_watch_loop``."""
+
+    def __init__(self, etcd: EtcdClient, prefix: str, decode: Callable[[bytes], T]) -> None:
+        self._etcd = etcd
+        self.prefix = prefix
+        self._decode = decode
+        self._items: dict[str, T] = {}
+        self.revision = 0
+        self._listeners: list[WatchListener[T]] = []
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(
+        cls, etcd: EtcdClient, prefix: str, decode: Callable[[bytes], T]
+    ) -> WatchCache[T]:
+        """List ``prefix`` now (raises ``EtcdUnavailableError``) and follow it from there."""
+        cache = cls(etcd, prefix, decode)
+        await cache._relist()
+        cache._task = asyncio.create_task(cache._watch_loop(), name=f"watch {prefix}")
+        return cache
+
+    async def __aenter__(self) -> WatchCache[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def items(self) -> Mapping[str, T]:
+        """The current records by key (read-only view)."""
+        return self._items
+
+    def subscribe(self, listener: WatchListener[T]) -> Callable[[], None]:
+        """Call ``listener`` on every change from now on; returns an unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def wait_until(
+        self, predicate: Callable[[Mapping[str, T]], bool], timeout_s: float
+    ) -> None:
+        """Wait until ``predicate(items)`` holds; raises TimeoutError after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: predicate(self._items))
+
+    async def aclose(self) -> None:
+        """Stop following etcd."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _watch_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._follow()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("watch interrupted; re-listing", prefix=self.prefix, error=repr(exc))
+                await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.05 * 2**failures)))
+                await self._relist_quietly()
+
+    async def _follow(self) -> None:
+        """Watch from the revision after the last one applied until the stream ends."""
+        with self._etcd.errors("watch", self.prefix):
+            watch = await self._etcd.watch_prefix(
+                self.prefix.encode(), start_revision=self.revision + 1
+            )
+        try:
+            async for event in watch:
+                key = event.kv.key.decode()
+                value = event.kv.value if event.kind == "PUT" else None
+                self._apply(key, value)
+                self.revision = max(self.revision, event.kv.mod_revision)
+                await self._notify()
+        finally:
+            await asyncio.shield(watch.cancel())
+        raise ConnectionError("watch stream ended")
+
+    async def _relist_quietly(self) -> None:
+        try:
+            await self._relist()
+        except Exception as exc:  # etcd still down: the loop retries
+            log.warning("re-list failed", prefix=self.prefix, error=str(exc))
+
+    async def _relist(self) -> None:
+        """Replace the cache with a fresh listing, telling listeners what changed."""
+        with self._etcd.errors("list", self.prefix):
+            listing = await self._etcd.get_prefix(self.prefix.encode())
+        fresh = {kv.key.decode(): kv.value for kv in listing}
+        for key in self._items.keys() - fresh.keys():
+            self._apply(key, None)
+        for key, value in fresh.items():
+            self._apply(key, value)
+        self.revision = listing.header.revision
+        await self._notify()
+
+    def _apply(self, key: str, raw: bytes | None) -> None:
+        old = self._items.get(key)
+        new = None if raw is None else self._decode_or_none(key, raw)
+        if new is None:
+            self._items.pop(key, None)
+        else:
+            self._items[key] = new
+        if old != new:
+            self._tell_listeners(key, old, new)
+
+    def _tell_listeners(self, key: str, old: T | None, new: T | None) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(key, old, new)
+            except Exception:
+                log.exception("watch listener failed", key=key)
+
+    def _decode_or_none(self, key: str, raw: bytes) -> T | None:
+        try:
+            return self._decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            log.error("skipping record that does not decode", key=key, error=str(exc))
+            return None
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()

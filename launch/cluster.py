@@ -1,0 +1,223 @@
+"""``lorafleet up``: a whole local cluster on one machine, stopped cleanly by Ctrl-C.
+
+Starts etcd and NATS from the pip-installed binaries, a frontend and workers
+as child processes (their output prefixed by process name), loads the demo
+adapters through each worker's ``load_lora`` route and prints what to try.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Final
+
+import httpx
+
+from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+
+__all__ = ["ClusterOptions", "run_cluster"]
+
+READY_TIMEOUT_S: Final = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    """What ``lorafleet up`` starts.
+
+    Examples::
+
+        ClusterOptions()                                   # hf worker, demo model, port 8000
+        ClusterOptions(engine="mocker", workers=2)
+        ClusterOptions(engine="vllm", model="/models/llama", adapters={})
+    """
+
+    engine: str = "hf"
+    model: str | None = None
+    served_model_name: str = "demo"
+    workers: int = 1
+    http_port: int = 8000
+    system_port: int = 9345
+    namespace: str = "lorafleet"
+    state_dir: Path = Path(".lorafleet")
+    adapters: dict[str, str] | None = None
+    """Adapters to load by name and URI; None means the demo's pirate and robot."""
+    extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+def run_cluster(options: ClusterOptions) -> int:
+    """Run the cluster until Ctrl-C or SIGTERM; returns the exit code."""
+    model, adapters = _model_and_adapters(options)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with ExitStack() as stack:
+        etcd, nats = _start_servers(options, stack)
+        env = {
+            "ETCD_ENDPOINTS": etcd.url,
+            "NATS_SERVER": nats.url,
+            "DYN_NAMESPACE": options.namespace,
+        }
+        children = stack.enter_context(_children())
+        children.append(_spawn("frontend", _frontend_argv(options), env))
+        worker_urls = []
+        for index in range(options.workers):
+            port = options.system_port + index
+            children.append(_spawn(f"worker-{index}", _worker_argv(options, model, port), env))
+            worker_urls.append(f"http://127.0.0.1:{port}")
+        frontend_url = f"http://127.0.0.1:{options.http_port}"
+        _wait_ready([frontend_url, *worker_urls], children)
+        _load_adapters(worker_urls, adapters)
+        _print_next_steps(options, frontend_url, worker_urls, adapters, etcd)
+        try:
+            while not stop.is_set() and all(c.process.poll() is None for c in children):
+                stop.wait(0.5)
+        except KeyboardInterrupt:
+            pass
+        print("\nstopping lorafleet ...", flush=True)
+    print("stopped: no process left, nothing left in etcd", flush=True)
+    return 0
+
+
+def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
+    if options.model is not None:
+        return options.model, dict(options.adapters or {})
+    from launch.demo_model import ensure_demo_model
+
+    print("building the demo model (cached after the first time) ...", flush=True)
+    demo = ensure_demo_model()
+    default = {name: f"file://{path}" for name, path in demo.adapters.items()}
+    return str(demo.base), default if options.adapters is None else dict(options.adapters)
+
+
+def _start_servers(options: ClusterOptions, stack: ExitStack) -> tuple[LocalServer, LocalServer]:
+    data = options.state_dir.resolve()
+    shutil.rmtree(data / "servers", ignore_errors=True)  # a fresh etcd: nothing stale
+    etcd = start_etcd(data / "servers", port=_port_or_free(2379))
+    stack.callback(etcd.stop)
+    nats = start_nats(data / "servers", port=_port_or_free(4222))
+    stack.callback(nats.stop)
+    return etcd, nats
+
+
+def _port_or_free(preferred: int) -> int:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            return free_port()
+
+
+def _frontend_argv(options: ClusterOptions) -> list[str]:
+    return [sys.executable, "-m", "frontend", "--http-port", str(options.http_port)]
+
+
+def _worker_argv(options: ClusterOptions, model: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "worker", "--engine", options.engine, "--model", model,
+        "--served-model-name", options.served_model_name, "--enable-lora",
+        "--system-host", "127.0.0.1", "--system-port", str(port),
+        "--advertise-host", "127.0.0.1", *options.extra_worker_args,
+    ]  # fmt: skip
+
+
+@contextmanager
+def _children() -> Iterator[list[_Child]]:
+    """Children stopped with SIGTERM (then SIGKILL after 20 s) when the block ends."""
+    children: list[_Child] = []
+    try:
+        yield children
+    finally:
+        for child in children:
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.process.wait(20)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str]) -> _Child:
+    full_env = {**os.environ, **env, "DYN_LORA_ENABLED": "true", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=full_env, start_new_session=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    threading.Thread(target=_prefix_lines, args=(name, process.stdout), daemon=True).start()
+    return _Child(name, process)
+
+
+def _prefix_lines(name: str, stream: IO[bytes]) -> None:
+    for line in iter(stream.readline, b""):
+        sys.stdout.write(f"[{name:>9}] {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+def _wait_ready(urls: list[str], children: list[_Child]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for url in urls:
+        while not _healthy(url):
+            dead = [c.name for c in children if c.process.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"{dead or url} did not start; see the log lines above")
+            time.sleep(0.2)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _load_adapters(worker_urls: list[str], adapters: dict[str, str]) -> None:
+    for url in worker_urls:
+        for name, uri in adapters.items():
+            body = {"lora_name": name, "source": {"uri": uri}}
+            response = httpx.post(f"{url}/engine/update/load_lora", json=body, timeout=120)
+            if response.status_code != 200:
+                raise RuntimeError(f"loading {name} on {url} failed: {response.text}")
+
+
+def _print_next_steps(
+    options: ClusterOptions,
+    frontend_url: str,
+    worker_urls: list[str],
+    adapters: dict[str, str],
+    etcd: LocalServer,
+) -> None:
+    etcdctl = Path(sys.executable).parent / "etcdctl"
+    chat = '{"model": "%s", "messages": [{"role": "user", "content": "Who are you?"}]}'
+    lines = [
+        "",
+        "lorafleet is up. Try:",
+        f"  curl -s {frontend_url}/v1/models",
+        *(
+            f"  curl -s {frontend_url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d '{chat % name}'"
+            for name in [options.served_model_name, *adapters]
+        ),
+        f"  {etcdctl} --endpoints {etcd.url} get --prefix v1/mdc/",
+        f"  curl -s {worker_urls[0]}/v1/loras",
+        f"Logs: prefixed by process above; etcd and NATS logs in {etcd.data_dir}",
+        "Press Ctrl-C to stop everything.",
+        "",
+    ]
+    print("\n".join(lines), flush=True)

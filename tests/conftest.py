@@ -1,0 +1,75 @@
+"""Session fixtures: real etcd and NATS servers from the pip-installed binaries.
+
+Where a Docker engine exists and ``LORAFLEET_TEST_CONTAINERS=1``, the same
+fixtures start them with testcontainers instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from discovery.client import EtcdClient, connect_etcd
+from launch.local_servers import LocalServer, start_etcd, start_nats
+from tests.containers import container_servers
+
+
+@pytest.fixture(scope="session")
+def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def etcd_url(servers_dir: Path) -> Iterator[str]:
+    """URL of a shared etcd for the whole session."""
+    if os.environ.get("LORAFLEET_TEST_CONTAINERS") == "1":
+        with container_servers("etcd") as url:
+            yield url
+        return
+    server = start_etcd(servers_dir / "etcd-shared")
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url(servers_dir: Path) -> Iterator[str]:
+    """URL of a shared NATS server for the whole session."""
+    if os.environ.get("LORAFLEET_TEST_CONTAINERS") == "1":
+        with container_servers("nats") as url:
+            yield url
+        return
+    server = start_nats(servers_dir / "nats-shared")
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def own_etcd(tmp_path: Path) -> Iterator[LocalServer]:
+    """An etcd of this test alone, for tests that stop or restart it."""
+    server = start_etcd(tmp_path / "etcd-own")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def etcd(etcd_url: str) -> AsyncIterator[EtcdClient]:
+    client = await connect_etcd(etcd_url)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of this test alone, so tests sharing etcd never see each other."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Logs of in-process servers go to stderr, as in production."""
+    from discovery.logs import configure_logging
+
+    configure_logging(process="tests", level="warning")

@@ -1,0 +1,102 @@
+"""The lease keeper against a real etcd: expiry, re-grant, recovery after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from discovery.client import connect_etcd
+from discovery.errors import EtcdUnavailableError
+from discovery.lease import LeaseKeeper, LeaseState
+from launch.local_servers import LocalServer
+
+TTL_S = 2
+
+
+async def _wait_gone(etcd, key: str, timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while await etcd.get(key.encode()) is not None:
+            await asyncio.sleep(0.05)
+
+
+async def test_records_of_a_killed_process_vanish_within_ttl(etcd_url, etcd, namespace):
+    key = f"v1/instances/{namespace}/backend/generate/1"
+    owner = textwrap.dedent(f"""
+        import asyncio, sys
+        from discovery.logs import configure_logging
+        configure_logging(process="owner")
+        from discovery.client import connect_etcd
+        from discovery.lease import LeaseKeeper
+        async def main():
+            etcd = await connect_etcd({etcd_url!r})
+            keeper = await LeaseKeeper.grant(etcd, {TTL_S})
+            await keeper.put({key!r}, b"{{}}")
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, cwd=os.getcwd())
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"ready"  # logs go to stderr
+    assert await etcd.get(key.encode()) is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    await _wait_gone(etcd, key, TTL_S + 1)
+
+
+async def test_revoke_on_close_deletes_records_at_once(etcd, namespace):
+    keeper = await LeaseKeeper.grant(etcd, 30)
+    await keeper.put(f"{namespace}/a", b"1")
+    await keeper.aclose()
+    assert await etcd.get(f"{namespace}/a".encode()) is None
+    assert keeper.state is LeaseState.CLOSED
+
+
+async def test_lost_lease_is_regranted_with_the_same_id_and_records_put_back(etcd, namespace):
+    async with await LeaseKeeper.grant(etcd, TTL_S) as keeper:
+        await keeper.put(f"{namespace}/a", b"1")
+        await keeper.put(f"{namespace}/b", b"2")
+        await etcd.revoke_lease(keeper.lease_id)  # as if it had expired
+        assert await etcd.get(f"{namespace}/a".encode()) is None
+        async with asyncio.timeout(TTL_S + 1):
+            while (got := await etcd.get(f"{namespace}/b".encode())) is None:
+                await asyncio.sleep(0.05)
+        assert got.lease == keeper.lease_id
+        assert (await etcd.get(f"{namespace}/a".encode())).value == b"1"
+
+
+async def test_records_come_back_after_etcd_restarts(own_etcd: LocalServer, namespace):
+    etcd = await connect_etcd(own_etcd.url)
+    keeper = await LeaseKeeper.grant(etcd, TTL_S)
+    await keeper.put(f"{namespace}/a", b"1")
+    own_etcd.stop()
+    await asyncio.sleep(TTL_S + 0.5)  # keep-alives fail meanwhile
+    assert keeper.state is LeaseState.RECOVERING
+    await asyncio.to_thread(own_etcd.restart)
+    async with asyncio.timeout(TTL_S * 3):
+        while keeper.state is not LeaseState.ACTIVE:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(TTL_S + 0.5)  # longer than the TTL: the lease must really be alive
+    got = await etcd.get(f"{namespace}/a".encode())
+    assert got is not None and got.lease == keeper.lease_id
+    info = await etcd.get_lease_info(keeper.lease_id)
+    assert info.TTL > 0
+    await keeper.aclose()
+    await etcd.close()
+
+
+async def test_put_while_etcd_is_down_raises_a_clear_error(own_etcd: LocalServer, namespace):
+    etcd = await connect_etcd(own_etcd.url)
+    keeper = await LeaseKeeper.grant(etcd, TTL_S)
+    own_etcd.stop()
+    with pytest.raises(EtcdUnavailableError, match=f"put of '{namespace}/a' failed"):
+        await keeper.put(f"{namespace}/a", b"1")
+    assert f"{namespace}/a" not in keeper.records
+    await keeper.aclose(revoke=False)
+    await etcd.close()

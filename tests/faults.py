@@ -1,0 +1,69 @@
+"""Fault injection for tests: a TCP proxy whose link can be cut and restored.
+
+Putting a proxy between a process and etcd (or NATS) simulates a network
+partition without stopping the server other clients use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from launch.local_servers import free_port
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:``port`` to ``target_port``; ``cut()`` drops every connection."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.StreamWriter] = set()
+        self.is_cut = False
+
+    async def start(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        """Drop every open connection and refuse new ones until ``restore()``."""
+        self.is_cut = True
+        for writer in list(self._links):
+            writer.transport.abort()
+        self._links.clear()
+
+    def restore(self) -> None:
+        self.is_cut = False
+
+    async def aclose(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.is_cut:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._links.update((writer, up_writer))
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                if self.is_cut:
+                    break
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+        self._links.discard(writer)

@@ -1,0 +1,36 @@
+"""Talk to a worker's NATS subject the way a frontend does, for tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from proto.inference import (
+    ErrorChunk,
+    FinalChunk,
+    GenerateRequest,
+    StreamChunk,
+    decode_chunk,
+    encode_msg,
+)
+
+
+async def stream(
+    nc: nats.aio.client.Client, subject: str, request: GenerateRequest, timeout_s: float = 10
+) -> list[StreamChunk]:
+    """Send ``request`` and collect chunks until the final or error chunk."""
+    inbox = nc.new_inbox()
+    queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
+
+    async def on_chunk(msg: nats.aio.msg.Msg) -> None:
+        await queue.put(decode_chunk(msg.data))
+
+    subscription = await nc.subscribe(inbox, cb=on_chunk)
+    await nc.publish(subject, encode_msg(request), reply=inbox)
+    chunks: list[StreamChunk] = []
+    async with asyncio.timeout(timeout_s):
+        while not chunks or not isinstance(chunks[-1], FinalChunk | ErrorChunk):
+            chunks.append(await queue.get())
+    await subscription.unsubscribe()
+    return chunks

@@ -1,0 +1,186 @@
+"""A real mocker worker on real etcd and NATS: start-up, serving, shutdown, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from discovery.keys import base_card_key, instance_key
+from proto.discovery import decode_card, decode_instance
+from proto.inference import (
+    CancelRequest,
+    ErrorChunk,
+    FinalChunk,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+    encode_msg,
+)
+from tests.processes import ServiceProcess
+from tests.worker.streaming import stream
+
+
+async def _instance(etcd, namespace: str):
+    listing = await etcd.get_prefix(f"v1/instances/{namespace}/".encode())
+    (kv,) = list(listing)
+    return decode_instance(kv.value)
+
+
+async def _keys(etcd, namespace: str) -> list[str]:
+    keys = []
+    for root in ("v1/instances/", "v1/mdc/"):
+        keys += [kv.key.decode() for kv in await etcd.get_prefix(f"{root}{namespace}/".encode())]
+    return keys
+
+
+def _metric(worker: ServiceProcess, line_start: str) -> float:
+    with urllib.request.urlopen(f"{worker.url}/metrics") as response:
+        text = response.read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_start)]
+    return sum(values)
+
+
+async def test_worker_publishes_instance_and_base_card_under_design_keys(
+    worker_factory, etcd, namespace
+):
+    worker_factory("--served-model-name", "tiny")
+    instance = await _instance(etcd, namespace)
+    assert instance.subject == f"{namespace}.backend.generate-{instance.instance_id:x}"
+    assert instance.engine == "mocker"
+    key = instance_key(namespace, "backend", "generate", instance.instance_id)
+    assert (await etcd.get(key.encode())).lease == instance.instance_id
+    card_raw = await etcd.get(
+        base_card_key(namespace, "backend", "generate", instance.instance_id).encode()
+    )
+    card = decode_card(card_raw.value)
+    assert card.display_name == "tiny" and card.lora is None
+    assert b'\n  "display_name": "tiny"' in card_raw.value  # readable through etcdctl
+
+
+async def test_request_streams_the_asked_number_of_tokens(worker_factory, etcd, nc, namespace):
+    worker_factory()
+    instance = await _instance(etcd, namespace)
+    request = GenerateRequest(
+        request_id="r1", model="demo", prompt="one two three", sampling=SamplingParams(max_tokens=7)
+    )
+    chunks = await stream(nc, instance.subject, request)
+    tokens = [chunk for chunk in chunks if isinstance(chunk, TokenChunk)]
+    assert [t.text for t in tokens] == [f"demo:{i} " for i in range(7)]
+    final = chunks[-1]
+    assert isinstance(final, FinalChunk) and final.finish_reason == "length"
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 7)
+
+
+async def test_unknown_model_reaches_the_caller_as_an_error_chunk(
+    worker_factory, etcd, nc, namespace
+):
+    worker_factory()
+    instance = await _instance(etcd, namespace)
+    chunks = await stream(nc, instance.subject, GenerateRequest(request_id="r", model="nope"))
+    assert len(chunks) == 1 and isinstance(chunks[0], ErrorChunk)
+    assert chunks[0].error.code == "not_found" and "'nope'" in chunks[0].error.message
+
+
+async def test_cancel_stops_generation_at_the_worker(worker_factory, etcd, nc, namespace):
+    worker = worker_factory("--mocker-time-per-token-s", "0.05")
+    instance = await _instance(etcd, namespace)
+    inbox = nc.new_inbox()
+    received: list[bytes] = []
+
+    async def on_chunk(msg) -> None:
+        received.append(msg.data)
+
+    await nc.subscribe(inbox, cb=on_chunk)
+    request = GenerateRequest(
+        request_id="long", model="demo", sampling=SamplingParams(max_tokens=60)
+    )
+    await nc.publish(instance.subject, encode_msg(request), reply=inbox)
+    await asyncio.sleep(0.3)
+    await nc.publish(instance.subject, encode_msg(CancelRequest(request_id="long")))
+    await asyncio.sleep(0.3)
+    count_after_cancel = len(received)
+    await asyncio.sleep(0.5)
+    assert len(received) == count_after_cancel < 20
+    assert _metric(worker, 'lorafleet_worker_requests_total{model="demo",outcome="cancelled"}') == 1
+
+
+async def test_sigterm_finishes_inflight_request_then_removes_keys(
+    worker_factory, etcd, nc, namespace
+):
+    worker = worker_factory("--mocker-time-per-token-s", "0.05")
+    instance = await _instance(etcd, namespace)
+    request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=20))
+    pending = asyncio.create_task(stream(nc, instance.subject, request))
+    await asyncio.sleep(0.2)
+    exit_code = await asyncio.to_thread(worker.terminate)
+    chunks = await pending
+    assert exit_code == 0
+    assert isinstance(chunks[-1], FinalChunk) and chunks[-1].usage.completion_tokens == 20
+    assert await _keys(etcd, namespace) == []
+
+
+async def test_sigkill_keys_vanish_within_ttl(worker_factory, etcd, namespace):
+    worker = worker_factory()
+    assert len(await _keys(etcd, namespace)) == 2
+    worker.kill()
+    async with asyncio.timeout(2 + 1):  # DYN_LEASE_TTL=2 in tests.processes
+        while await _keys(etcd, namespace):
+            await asyncio.sleep(0.05)
+
+
+async def test_failing_on_endpoint_ready_exits_nonzero_and_leaves_nothing(
+    worker_factory, etcd, namespace
+):
+    worker = worker_factory("--engine-option", "fail_on_endpoint_ready=true", wait=False)
+    exit_code = await asyncio.to_thread(worker.process.wait, 30)
+    assert exit_code != 0
+    assert "on_endpoint_ready failed" in worker.log_tail()
+    assert await _keys(etcd, namespace) == []
+
+
+async def test_engine_routes_answer_503_until_on_endpoint_ready_returned(worker_factory):
+    worker = worker_factory("--engine-option", "endpoint_ready_delay_s=3", wait=False)
+    status = await asyncio.to_thread(_post_status, worker, "/engine/update/list_loras", b"{}", 10)
+    assert status == 503
+    await asyncio.to_thread(worker.wait_ready)
+    assert await asyncio.to_thread(_post_status, worker, "/engine/update/list_loras", b"{}") == 404
+
+
+def _post_status(worker: ServiceProcess, path: str, body: bytes, wait_s: float = 0) -> int:
+    """POST and return the status; retry connection errors for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            request = urllib.request.Request(f"{worker.url}{path}", data=body, method="POST")
+            with urllib.request.urlopen(request) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (b'"a string"', 400, "must be a JSON object"),
+        (b"x" * (2 << 20), 413, ""),
+    ],
+)
+async def test_status_server_answers_bad_bodies_with_4xx(worker_factory, body, status, says):
+    worker = worker_factory()
+    request = urllib.request.Request(
+        f"{worker.url}/engine/update/load_lora", data=body, method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        await asyncio.to_thread(urllib.request.urlopen, request)
+    assert caught.value.code == status
+    assert says in caught.value.read().decode()

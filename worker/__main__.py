@@ -1,0 +1,22 @@
+"""``python -m worker``: run one worker process."""
+
+from __future__ import annotations
+
+import sys
+
+import uvloop
+
+from discovery.logs import configure_logging
+from worker.config import parse_worker_args
+from worker.runtime import run_worker
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags and environment, run the worker, return its exit code."""
+    config = parse_worker_args(argv)
+    configure_logging(process=f"worker:{config.engine}")
+    return uvloop.run(run_worker(config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

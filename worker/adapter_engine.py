@@ -1,0 +1,50 @@
+"""Base class of engines that serve adapters: wires the shared LoRA lifecycle to add/remove.
+
+An engine subclasses this and implements ``add_adapter``/``remove_adapter``;
+locking, publishing and rollback stay in ``LoraController``. The controller is
+created in ``on_endpoint_ready``, so no update can run before the engine
+holds its endpoint.
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+from worker.engine import EngineHandler, LLMEngine, ModelEndpoint
+from worker.lora_controller import AdapterSource, LoraController
+
+__all__ = ["AdapterEngine"]
+
+
+class AdapterEngine(LLMEngine):
+    """An engine with a LoRA lifecycle once ``enable_adapters`` was called before start-up."""
+
+    lora: LoraController | None = None
+    _adapter_source: AdapterSource | None = None
+
+    def enable_adapters(self, source: AdapterSource) -> None:
+        """Turn LoRA management on, resolving URIs through ``source``."""
+        self._adapter_source = source
+
+    async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
+        """Create the LoRA lifecycle bound to ``endpoint`` (when adapters are enabled)."""
+        if self._adapter_source is not None:
+            self.lora = LoraController(
+                backend=self,
+                endpoint=endpoint,
+                source=self._adapter_source,
+                base_card=self.base_card(),
+            )
+
+    def supported_updates(self) -> dict[str, EngineHandler]:
+        """``load_lora``, ``unload_lora`` and ``list_loras`` when adapters are enabled."""
+        return self.lora.updates() if self.lora is not None else {}
+
+    @abc.abstractmethod
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        """Make adapter ``name`` usable by ``generate``; raise a LorafleetError on failure."""
+
+    @abc.abstractmethod
+    async def remove_adapter(self, name: str) -> None:
+        """Stop serving adapter ``name`` and free its slot."""

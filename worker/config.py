@@ -1,0 +1,144 @@
+"""The worker's command line, where every flag also has an environment variable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Final
+
+from worker.engine import EngineConfig
+from worker.engines import ENGINE_KINDS
+
+__all__ = ["WorkerConfig", "parse_worker_args"]
+
+_TRUE: Final = {"1", "true", "yes", "on"}
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """Read a boolean environment variable (``1``/``true``/``yes``/``on``)."""
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in _TRUE
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Everything a worker process needs, validated once at start.
+
+    Examples::
+
+        WorkerConfig(engine="mocker", engine_config=EngineConfig(model="demo"))
+        WorkerConfig(engine="hf", engine_config=EngineConfig(model="/m", enable_lora=True),
+                     lora_enabled=True, system_port=9345)
+    """
+
+    engine: str
+    engine_config: EngineConfig
+    namespace: str = "lorafleet"
+    component: str = "backend"
+    endpoint: str = "generate"
+    etcd_endpoints: str = "http://127.0.0.1:2379"
+    nats_server: str = "nats://127.0.0.1:4222"
+    system_host: str = "0.0.0.0"
+    system_port: int = 9345
+    advertise_host: str = ""
+    lease_ttl_s: int = 10
+    shutdown_grace_s: float = 10.0
+    lora_enabled: bool = False
+    """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
+    auth_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINE_KINDS:
+            raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
+        if self.lease_ttl_s < 1:
+            raise ValueError(f"lease TTL must be at least 1 s, got {self.lease_ttl_s}")
+
+    @property
+    def system_url(self) -> str:
+        """Where operators reach this worker's status server."""
+        host = self.advertise_host or (
+            socket.gethostname() if self.system_host in ("0.0.0.0", "::") else self.system_host
+        )
+        return f"http://{host}:{self.system_port}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m worker", description="A lorafleet GPU worker.")
+    p.add_argument("--engine", choices=ENGINE_KINDS, default=env("DYN_ENGINE", "mocker"))
+    p.add_argument("--model", default=env("DYN_MODEL"), help="model path or name (DYN_MODEL)")
+    p.add_argument("--served-model-name", default=env("DYN_SERVED_MODEL_NAME"))
+    p.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
+    p.add_argument("--component", default=env("DYN_COMPONENT", "backend"))
+    p.add_argument("--endpoint", default=env("DYN_ENDPOINT", "generate"))
+    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
+    p.add_argument("--nats-server", default=env("NATS_SERVER", "nats://127.0.0.1:4222"))
+    p.add_argument("--system-host", default=env("DYN_SYSTEM_HOST", "0.0.0.0"))
+    p.add_argument("--system-port", type=int, default=int(env("DYN_SYSTEM_PORT", "9345")))
+    p.add_argument("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""))
+    p.add_argument("--lease-ttl", type=int, default=int(env("DYN_LEASE_TTL", "10")))
+    p.add_argument("--shutdown-grace", type=float, default=float(env("DYN_SHUTDOWN_GRACE", "10")))
+    p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"))
+    p.add_argument("--max-loras", type=int, default=int(env("DYN_MAX_LORAS", "4")))
+    p.add_argument("--max-lora-rank", type=int, default=int(env("DYN_MAX_LORA_RANK", "64")))
+    p.add_argument("--context-length", type=int, default=int(env("DYN_CONTEXT_LENGTH", "2048")))
+    p.add_argument(
+        "--mocker-time-per-token-s",
+        type=float,
+        default=float(env("DYN_MOCKER_TIME_PER_TOKEN_S", "0")),
+    )
+    p.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
+    )
+    return p
+
+
+def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
+    """Build a ``WorkerConfig`` from flags and environment; exits with usage on bad input."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.model:
+        parser.error("--model (or DYN_MODEL) is required")
+    options: dict[str, Any] = {"time_per_token_s": args.mocker_time_per_token_s}
+    options |= _parse_options(parser, args.engine_option)
+    try:
+        engine_config = EngineConfig(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            enable_lora=args.enable_lora,
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
+            context_length=args.context_length,
+            options=options,
+        )
+        return WorkerConfig(
+            engine=args.engine, engine_config=engine_config, namespace=args.namespace,
+            component=args.component, endpoint=args.endpoint,
+            etcd_endpoints=args.etcd_endpoints, nats_server=args.nats_server,
+            system_host=args.system_host, system_port=args.system_port,
+            advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
+            shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
+            auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
+        )  # fmt: skip
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _parse_options(parser: argparse.ArgumentParser, pairs: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            parser.error(f"--engine-option {pair!r} must look like KEY=JSON")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options

@@ -1,0 +1,200 @@
+"""The worker's NATS endpoint: serves its subject and publishes the engine's cards.
+
+It decodes every message on the instance subject, streams generate requests
+back to their reply inbox, cancels on request, answers pings and updates.
+It is the ``ModelEndpoint`` handed to the engine in ``on_endpoint_ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import msgspec
+import nats.aio.client
+import nats.aio.msg
+import structlog
+
+from discovery.keys import base_card_key, lora_card_key, nats_subject
+from discovery.lease import LeaseKeeper
+from proto.discovery import ModelDeploymentCard, encode_record
+from proto.errors import ErrorInfo, InvalidRequestError, LorafleetError, UnavailableError
+from proto.inference import (
+    CancelRequest,
+    ErrorChunk,
+    FinalChunk,
+    GenerateRequest,
+    PingRequest,
+    TokenChunk,
+    UpdateReply,
+    UpdateRequest,
+    decode_instance_message,
+    encode_msg,
+)
+from worker import metrics
+from worker.engine import LLMEngine
+
+__all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
+
+log = structlog.get_logger(__name__)
+
+SUBSCRIPTION_CHECK_TIMEOUT_S: Final = 5.0
+PENDING_MESSAGES_LIMIT: Final = 65536
+
+UpdateHandler: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[UpdateReply]]
+"""Runs an engine update named by the NATS caller; answers as the status server would."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointAddress:
+    """Where an instance lives: namespace/component/endpoint and its instance id."""
+
+    namespace: str
+    component: str
+    endpoint: str
+    instance_id: int
+
+    @property
+    def subject(self) -> str:
+        """The NATS subject of this instance."""
+        return nats_subject(self.namespace, self.component, self.endpoint, self.instance_id)
+
+    def card_key(self, card: ModelDeploymentCard) -> str:
+        """The etcd key of ``card`` for this instance (base or adapter)."""
+        parts = (self.namespace, self.component, self.endpoint, self.instance_id)
+        return lora_card_key(*parts, card.slug) if card.lora else base_card_key(*parts)
+
+
+class Endpoint:
+    """Serves one instance subject for an engine and owns the engine's cards in etcd."""
+
+    def __init__(self, nc: nats.aio.client.Client, lease: LeaseKeeper, address: EndpointAddress):
+        self._nc = nc
+        self._lease = lease
+        self.address = address
+        self.engine: LLMEngine | None = None
+        self.update_handler: UpdateHandler | None = None
+        self._subscription: Any = None
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def instance_id(self) -> int:
+        """The lease id that names this instance."""
+        return self.address.instance_id
+
+    @property
+    def inflight(self) -> int:
+        """Generate requests being served right now."""
+        return len(self._inflight)
+
+    async def register_model(self, card: ModelDeploymentCard) -> None:
+        """Publish ``card`` under the lease (raises ``EtcdUnavailableError``)."""
+        await self._lease.put(self.address.card_key(card), encode_record(card))
+
+    async def unregister_model(self, card: ModelDeploymentCard) -> None:
+        """Retract ``card`` (raises ``EtcdUnavailableError``; the card then stays owned)."""
+        await self._lease.delete(self.address.card_key(card))
+
+    async def serve(self) -> None:
+        """Subscribe the instance subject and prove the server routes it to us."""
+        self._subscription = await self._nc.subscribe(
+            self.address.subject, cb=self._on_message, pending_msgs_limit=PENDING_MESSAGES_LIMIT
+        )
+        await self._nc.flush()
+        await self._nc.flush()
+        reply = await self._nc.request(
+            self.address.subject, encode_msg(PingRequest()), timeout=SUBSCRIPTION_CHECK_TIMEOUT_S
+        )
+        msgspec.msgpack.decode(reply.data, type=UpdateReply)
+        log.info("endpoint serving", subject=self.address.subject)
+
+    async def stop_accepting(self) -> None:
+        """Unsubscribe: new requests find no responder and go to other instances."""
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+
+    async def drain(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for in-flight requests, then cancel the rest."""
+        pending = list(self._inflight.values())
+        if pending:
+            log.info("finishing in-flight requests", count=len(pending), grace_s=grace_s)
+            _, still_running = await asyncio.wait(pending, timeout=grace_s)
+            for task in still_running:
+                task.cancel()
+            await asyncio.gather(*still_running, return_exceptions=True)
+        await self._nc.flush()
+
+    async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
+        try:
+            message = decode_instance_message(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            error = InvalidRequestError(f"undecodable message on {msg.subject}: {exc}")
+            if msg.reply:
+                await self._nc.publish(msg.reply, encode_msg(ErrorChunk(error=error.to_info())))
+            return
+        match message:
+            case GenerateRequest():
+                self._start_generate(message, msg.reply)
+            case CancelRequest(request_id=request_id):
+                if task := self._inflight.get(request_id):
+                    task.cancel()
+            case PingRequest():
+                await msg.respond(encode_msg(UpdateReply()))
+            case UpdateRequest():
+                self._spawn(self._serve_update(message, msg))
+
+    def _start_generate(self, request: GenerateRequest, reply: str) -> None:
+        if not reply:
+            return
+        task = asyncio.create_task(self._serve_generate(request, reply))
+        self._inflight[request.request_id] = task
+        task.add_done_callback(lambda _: self._inflight.pop(request.request_id, None))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_generate(self, request: GenerateRequest, reply: str) -> None:
+        started = time.perf_counter()
+        outcome = "ok"
+        metrics.INFLIGHT_REQUESTS.inc()
+        try:
+            await self._stream(request, reply)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        except LorafleetError as exc:
+            outcome = exc.code
+            await self._nc.publish(reply, encode_msg(ErrorChunk(error=exc.to_info())))
+        except Exception as exc:
+            outcome = "engine_error"
+            log.exception("engine failed", request_id=request.request_id, model=request.model)
+            info = ErrorInfo(code="upstream_error", message=f"engine failed: {exc}")
+            await self._nc.publish(reply, encode_msg(ErrorChunk(error=info)))
+        finally:
+            metrics.INFLIGHT_REQUESTS.dec()
+            metrics.REQUESTS.labels(request.model, outcome).inc()
+            metrics.REQUEST_SECONDS.labels(request.model).observe(time.perf_counter() - started)
+
+    async def _stream(self, request: GenerateRequest, reply: str) -> None:
+        if self.engine is None:
+            raise UnavailableError("worker is starting; retry on another instance")
+        async for chunk in self.engine.generate(request):
+            await self._nc.publish(reply, encode_msg(chunk))
+            if isinstance(chunk, TokenChunk):
+                metrics.GENERATED_TOKENS.labels(request.model).inc(chunk.tokens)
+            elif isinstance(chunk, FinalChunk):
+                return
+
+    async def _serve_update(self, request: UpdateRequest, msg: nats.aio.msg.Msg) -> None:
+        if self.update_handler is None:
+            answer = UpdateReply(status_code=503, body={"message": "worker is starting"})
+        else:
+            answer = await self.update_handler(request.name, request.body)
+        if msg.reply:
+            await msg.respond(encode_msg(answer))

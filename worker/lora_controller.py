@@ -1,0 +1,253 @@
+"""The LoRA lifecycle, once for every engine: validate, lock, resolve, add, publish, roll back.
+
+Invariant: a card is in etcd exactly when its adapter is loaded in the engine.
+Load adds to the engine, then publishes; a failed publish removes it again.
+Unload retracts first, then removes; a failed removal publishes again.
+Engines supply only ``add_adapter``/``remove_adapter`` (``AdapterBackend``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+import structlog
+
+from proto.adapters import (
+    LoadLoraRequest,
+    LoraListResponse,
+    LoraResponse,
+    UnloadLoraRequest,
+    validate_lora_name,
+)
+from proto.discovery import LoraInfo, ModelDeploymentCard
+from proto.errors import ConflictError, InvalidRequestError, LorafleetError, NotFoundError
+from proto.naming import lora_id, lora_slug
+from worker import metrics
+from worker.engine import AdapterBackend, EngineHandler, ModelEndpoint
+
+__all__ = ["AdapterSource", "LoadedAdapter", "LoraController"]
+
+log = structlog.get_logger(__name__)
+
+_Body = TypeVar("_Body", LoadLoraRequest, UnloadLoraRequest)
+
+
+class AdapterSource(Protocol):
+    """What the lifecycle needs from the LoRA manager: resolve a URI to a local directory."""
+
+    def supported_schemes(self) -> frozenset[str]:
+        """URI schemes that can be loaded."""
+        ...
+
+    async def acquire(self, uri: str) -> Path:
+        """Download (or find cached) and mark in use by a loaded adapter."""
+        ...
+
+    def release(self, uri: str) -> None:
+        """The adapter from ``uri`` was unloaded; its cache entry may be evicted."""
+        ...
+
+
+@dataclass
+class LoadedAdapter:
+    """An adapter in the engine, and whether its card is in etcd."""
+
+    card: ModelDeploymentCard
+    uri: str
+    published: bool = False
+
+    @property
+    def lora_id(self) -> int:
+        """vLLM's ``lora_int_id`` of this adapter."""
+        assert self.card.lora is not None
+        return self.card.lora.lora_id
+
+
+class LoraController:
+    """Serves ``load_lora``, ``unload_lora`` and ``list_loras`` for one engine."""
+
+    def __init__(
+        self,
+        *,
+        backend: AdapterBackend,
+        endpoint: ModelEndpoint,
+        source: AdapterSource,
+        base_card: ModelDeploymentCard,
+    ) -> None:
+        self._backend = backend
+        self._endpoint = endpoint
+        self._source = source
+        self._base_card = base_card
+        self.loaded: dict[str, LoadedAdapter] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def updates(self) -> dict[str, EngineHandler]:
+        """The engine updates this controller serves."""
+        return {"load_lora": self.load, "unload_lora": self.unload, "list_loras": self.list}
+
+    async def load(self, body: dict[str, Any]) -> LoraResponse:
+        """Load and publish an adapter; idempotent for a name loaded from the same URI."""
+        request = _convert(body, LoadLoraRequest)
+        name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
+        uri = self._check_uri(name, request.source.uri)
+        async with self._lock(name):
+            try:
+                message = await self._load_locked(name, uri)
+            except LorafleetError as exc:
+                metrics.ADAPTER_OPERATIONS.labels("load", exc.code).inc()
+                exc.fields.setdefault("lora_name", name)
+                raise
+        metrics.ADAPTER_OPERATIONS.labels("load", "ok").inc()
+        return LoraResponse(
+            status="success", message=message, lora_name=name, lora_id=lora_id(name)
+        )
+
+    async def unload(self, body: dict[str, Any]) -> LoraResponse:
+        """Retract and remove an adapter; on a failed removal the card is published again."""
+        request = _convert(body, UnloadLoraRequest)
+        name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
+        async with self._lock(name):
+            try:
+                adapter = self._loaded_or_error(name)
+                await self._unload_locked(name, adapter)
+            except LorafleetError as exc:
+                metrics.ADAPTER_OPERATIONS.labels("unload", exc.code).inc()
+                exc.fields.setdefault("lora_name", name)
+                raise
+        metrics.ADAPTER_OPERATIONS.labels("unload", "ok").inc()
+        return LoraResponse(
+            status="success",
+            message=f"adapter {name!r} unloaded",
+            lora_name=name,
+            lora_id=adapter.lora_id,
+        )
+
+    async def list(self, body: dict[str, Any]) -> LoraListResponse:
+        """Every loaded adapter's name and ``lora_id``."""
+        loras = {name: adapter.lora_id for name, adapter in sorted(self.loaded.items())}
+        return LoraListResponse(loras=loras, count=len(loras))
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _check_uri(self, name: str, uri: str) -> str:
+        scheme, sep, rest = uri.partition("://")
+        supported = sorted(self._source.supported_schemes())
+        if not sep or not rest:
+            raise InvalidRequestError(
+                f"source.uri {uri!r} of adapter {name!r} is not a URI; use e.g. file:///path "
+                f"or s3://bucket/prefix (supported schemes: {supported})",
+                lora_name=name,
+            )
+        if scheme.lower() not in supported:
+            raise InvalidRequestError(
+                f"source.uri {uri!r} of adapter {name!r} has unsupported scheme {scheme!r}; "
+                f"supported: {supported}",
+                lora_name=name,
+            )
+        return uri
+
+    async def _load_locked(self, name: str, uri: str) -> str:
+        existing = self.loaded.get(name)
+        if existing is not None:
+            return await self._reload(name, uri, existing)
+        self._check_id_collision(name)
+        path = await self._source.acquire(uri)
+        card = self._adapter_card(name, uri, path)
+        try:
+            await self._backend.add_adapter(name, card.lora.lora_id, path)  # type: ignore[union-attr]
+        except BaseException:
+            self._source.release(uri)
+            raise
+        adapter = self.loaded[name] = LoadedAdapter(card=card, uri=uri)
+        await self._publish_or_roll_back(name, adapter)
+        log.info("adapter loaded", adapter=name, uri=uri, path=str(path))
+        return f"adapter {name!r} loaded from {uri}"
+
+    async def _reload(self, name: str, uri: str, existing: LoadedAdapter) -> str:
+        if existing.uri != uri:
+            raise ConflictError(
+                f"adapter {name!r} is already loaded from {existing.uri}; unload it before "
+                f"loading it from {uri}",
+                lora_name=name,
+            )
+        if existing.published:
+            return f"adapter {name!r} is already loaded"
+        await self._endpoint.register_model(existing.card)
+        existing.published = True
+        return f"adapter {name!r} was loaded but not published; published it"
+
+    async def _publish_or_roll_back(self, name: str, adapter: LoadedAdapter) -> None:
+        try:
+            await self._endpoint.register_model(adapter.card)
+        except BaseException as exc:
+            await self._roll_back_add(name, adapter, exc)
+            raise
+        adapter.published = True
+
+    async def _roll_back_add(self, name: str, adapter: LoadedAdapter, cause: BaseException) -> None:
+        log.warning("publishing adapter card failed; removing it", adapter=name, error=str(cause))
+        try:
+            await self._backend.remove_adapter(name)
+        except Exception:
+            log.exception("rollback failed: adapter stays loaded, unpublished", adapter=name)
+            return
+        del self.loaded[name]
+        self._source.release(adapter.uri)
+
+    async def _unload_locked(self, name: str, adapter: LoadedAdapter) -> None:
+        if adapter.published:
+            await self._endpoint.unregister_model(adapter.card)
+            adapter.published = False
+        try:
+            await self._backend.remove_adapter(name)
+        except BaseException as exc:
+            log.warning(
+                "removing adapter failed; publishing it again", adapter=name, error=str(exc)
+            )
+            await self._endpoint.register_model(adapter.card)
+            adapter.published = True
+            raise
+        del self.loaded[name]
+        self._source.release(adapter.uri)
+        log.info("adapter unloaded", adapter=name)
+
+    def _loaded_or_error(self, name: str) -> LoadedAdapter:
+        adapter = self.loaded.get(name)
+        if adapter is None:
+            raise NotFoundError(
+                f"adapter {name!r} is not loaded; loaded adapters: {sorted(self.loaded)}",
+                lora_name=name,
+            )
+        return adapter
+
+    def _check_id_collision(self, name: str) -> None:
+        new_id = lora_id(name)
+        for other, adapter in self.loaded.items():
+            if adapter.lora_id == new_id:
+                raise ConflictError(
+                    f"adapter {name!r} has lora_id {new_id}, the same as loaded adapter "
+                    f"{other!r}; rename one of them",
+                    lora_name=name,
+                )
+
+    def _adapter_card(self, name: str, uri: str, path: Path) -> ModelDeploymentCard:
+        base = self._base_card
+        info = LoraInfo(
+            name=name, lora_id=lora_id(name), base_model=base.display_name,
+            uri=uri, local_path=str(path),
+        )  # fmt: skip
+        return msgspec.structs.replace(
+            base, display_name=name, slug=lora_slug(name), source_path=str(path), lora=info
+        )
+
+
+def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
+    try:
+        return msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(f"invalid {kind.__name__} body: {exc}") from exc

@@ -1,0 +1,93 @@
+"""LoRA gating and the ``/v1/loras`` compatibility routes of the status server.
+
+LoRA management exists only with both ``--enable-lora`` and
+``DYN_LORA_ENABLED=true`` and an engine that serves adapters; otherwise every
+LoRA route says what is missing. The compatibility routes are mounted whenever
+``DYN_LORA_ENABLED`` is true and resolve to the same handlers as
+``/engine/update/*``; there an error body answers HTTP 500 unless it is the
+caller's fault (4xx).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from litestar import Request, Response, delete, get, post
+from litestar.handlers import BaseRouteHandler
+
+from proto.inference import UpdateReply
+from worker.adapter_engine import AdapterEngine
+from worker.config import WorkerConfig
+from worker.engine import LLMEngine
+from worker.status_server import StatusState, admitted_body, reply_response
+
+__all__ = ["LORA_PATHS", "LoraSupport", "build_lora_support"]
+
+LORA_PATHS: Final = ["update/load_lora", "update/unload_lora", "update/list_loras"]
+
+
+@dataclass(frozen=True)
+class LoraSupport:
+    """Whether LoRA management is on, why not, and the routes to mount."""
+
+    missing: list[str]
+    routes: list[BaseRouteHandler] = field(default_factory=list)
+
+
+def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusState) -> LoraSupport:
+    """Decide LoRA gating, enable the engine's lifecycle, and pick the routes to mount."""
+    missing = []
+    if not config.engine_config.enable_lora:
+        missing.append("the worker was started without --enable-lora")
+    if not config.lora_enabled:
+        missing.append("DYN_LORA_ENABLED is not true")
+    if not isinstance(engine, AdapterEngine):
+        missing.append(f"the {config.engine} engine does not serve adapters")
+    if missing:
+        reason = "LoRA management not available: " + "; ".join(missing)
+        status.registry.explain_missing(LORA_PATHS, reason)
+    else:
+        from worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
+
+        assert isinstance(engine, AdapterEngine)
+        engine.enable_adapters(LoRAManager.from_env())
+    routes = [list_loras, load_lora, unload_lora] if config.lora_enabled else []
+    return LoraSupport(missing=missing, routes=routes)
+
+
+def _compat_response(reply: UpdateReply) -> Response[Any]:
+    failed = reply.body.get("status") == "error"
+    if failed and not 400 <= reply.status_code < 500:
+        return reply_response(UpdateReply(status_code=500, body=reply.body))
+    return reply_response(reply)
+
+
+async def _call(status: StatusState, path: str, body: dict[str, Any]) -> Response[Any]:
+    return _compat_response(await status.registry.call(path, body))
+
+
+@get("/v1/loras")
+async def list_loras(status: StatusState) -> Response[Any]:
+    """List the loaded adapters (``list_loras``)."""
+    return await _call(status, "update/list_loras", {})
+
+
+@post("/v1/loras", status_code=200)
+async def load_lora(request: Request[Any, Any, Any], status: StatusState) -> Response[Any]:
+    """Load an adapter (``load_lora``); same body as ``/engine/update/load_lora``."""
+    body = await admitted_body(request, status, mutating=True)
+    if isinstance(body, Response):
+        return body
+    return await _call(status, "update/load_lora", body)
+
+
+@delete("/v1/loras/{name:path}", status_code=200)
+async def unload_lora(
+    request: Request[Any, Any, Any], name: str, status: StatusState
+) -> Response[Any]:
+    """Unload adapter ``name`` (which may contain ``/``)."""
+    admitted = await admitted_body(request, status, mutating=True)
+    if isinstance(admitted, Response):
+        return admitted
+    return await _call(status, "update/unload_lora", {"lora_name": name.lstrip("/")})

@@ -1,0 +1,164 @@
+"""The worker's system status HTTP server: health, metrics and the engine routes.
+
+``/engine/{path}`` serves the engine registry; bodies must be JSON objects
+(an empty body is ``{}``). Adapter routes (``/v1/loras``) are mounted by
+``worker.lora_routes`` when LoRA management is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import uvicorn
+from litestar import Litestar, MediaType, Request, Response, get, post
+from litestar.di import Provide
+from litestar.handlers import BaseRouteHandler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from proto.errors import InvalidRequestError, UnauthorizedError, http_status
+from proto.inference import UpdateReply
+from worker.engine_registry import EngineRegistry
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "StatusServer",
+    "StatusState",
+    "admitted_body",
+    "build_status_app",
+    "error_response",
+    "read_json_object",
+    "reply_response",
+]
+
+MAX_BODY_BYTES: Final = 1 << 20
+"""Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
+
+
+@dataclass
+class StatusState:
+    """What the status routes read: the registry, readiness and the admin token."""
+
+    registry: EngineRegistry
+    instance_id: int = 0
+    ready: bool = False
+    auth_token: str | None = None
+
+    def check_auth(self, request: Request[Any, Any, Any]) -> None:
+        """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
+        if not self.auth_token:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.auth_token}".encode()):
+            raise UnauthorizedError(
+                "this route changes adapters and needs 'Authorization: Bearer <token>' "
+                "(the worker's DYN_SYSTEM_AUTH_TOKEN)"
+            )
+
+
+def reply_response(reply: UpdateReply) -> Response[Any]:
+    """An engine reply as an HTTP JSON response."""
+    return Response(reply.body, status_code=reply.status_code, media_type=MediaType.JSON)
+
+
+def error_response(status_code: int, code: str, message: str) -> Response[Any]:
+    """A JSON error body in the shape the engine routes use."""
+    body = {"status": "error", "code": code, "message": message}
+    return Response(body, status_code=status_code, media_type=MediaType.JSON)
+
+
+async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The body as a JSON object: empty is ``{}``; anything else raises ``InvalidRequestError``."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequestError(
+            f"request body must be a JSON object, got {type(body).__name__}: "
+            'send e.g. {"lora_name": "pirate"}'
+        )
+    return body
+
+
+def _is_mutating(path: str) -> bool:
+    return path.startswith("update/") and not path.removeprefix("update/").startswith("list")
+
+
+@get("/health", sync_to_thread=False)
+def health(status: StatusState) -> Response[Any]:
+    """200 once start-up finished, 503 before."""
+    body = {"status": "ready" if status.ready else "starting"}
+    body["instance_id"] = f"{status.instance_id:x}"
+    return Response(body, status_code=200 if status.ready else 503)
+
+
+@get("/metrics", sync_to_thread=False)
+def metrics() -> Response[bytes]:
+    """Prometheus text format."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def admitted_body(
+    request: Request[Any, Any, Any], status: StatusState, *, mutating: bool
+) -> dict[str, Any] | Response[Any]:
+    """The JSON object body after the auth check, or the 400/401 response to send instead."""
+    try:
+        if mutating:
+            status.check_auth(request)
+        return await read_json_object(request)
+    except (InvalidRequestError, UnauthorizedError) as exc:
+        return error_response(http_status(exc.code), exc.code, exc.message)
+
+
+@post("/engine/{path:path}", status_code=200)
+async def engine_route(request: Request[Any, Any, Any], path: str, status: StatusState) -> Any:
+    """Call ``control/<name>`` or ``update/<name>`` on the engine."""
+    path = path.strip("/")
+    body = await admitted_body(request, status, mutating=_is_mutating(path))
+    if isinstance(body, Response):
+        return body
+    return reply_response(await status.registry.call(path, body))
+
+
+def build_status_app(
+    status: StatusState, extra_handlers: Sequence[BaseRouteHandler] = ()
+) -> Litestar:
+    """The status server app; ``extra_handlers`` are e.g. the ``/v1/loras`` routes."""
+    return Litestar(
+        route_handlers=[health, metrics, engine_route, *extra_handlers],
+        dependencies={"status": Provide(lambda: status, sync_to_thread=False)},
+        request_max_body_size=MAX_BODY_BYTES,
+        openapi_config=None,
+    )
+
+
+class StatusServer:
+    """Runs the status app with uvicorn inside the worker's event loop."""
+
+    def __init__(self, app: Litestar, host: str, port: int) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start serving; raises if the port cannot be bound."""
+        self._task = asyncio.create_task(self._server.serve(), name="status-server")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise OSError("status server stopped during start-up")
+            await asyncio.sleep(0.01)
+
+    async def aclose(self) -> None:
+        """Stop serving."""
+        self._server.should_exit = True
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
