@@ -17,8 +17,8 @@ from worker.engine import EngineConfig
 
 __all__ = [
     "ISOLATE_OPTION",
-    "VLLM_LORA_RANKS",
     "IsolationMode",
+    "VLLM_LORA_RANKS",
     "engine_kwargs",
     "finish_reason",
     "isolation_mode",

@@ -145,6 +145,10 @@ class VLLMEngine(AdapterEngine):
         """The adapters ``generate`` serves now: name to ``lora_id``."""
         return self._table.names()
 
+    def unfinished_requests(self) -> int:
+        """Requests vLLM still holds (waiting or running); 0 once every stream has ended."""
+        return int(self._llm.get_num_unfinished_requests())
+
     async def vllm_lora_ids(self) -> set[int]:
         """The adapter ids vLLM itself holds (``list_loras``), to check against ours."""
         return set(await self._llm.list_loras())
