@@ -72,6 +72,12 @@ async def test_unknown_model_is_not_found_and_names_what_is_served(engine: Any) 
         await answer(engine, chat("chef", EXPECTED_PROMPT))
 
 
+async def test_prompt_longer_than_the_context_is_an_invalid_request(engine: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="request"):
+        await answer(engine, chat(DEMO_MODEL_NAME, "hello " * 600))
+    assert engine.unfinished_requests() == 0
+
+
 async def test_closing_the_stream_aborts_the_request_in_vllm(engine: Any) -> None:
     sampling = {"temperature": 2.0, "seed": 1, "max_tokens": 400}
     stream = engine.generate(chat("robot", "Count to a thousand, slowly.", **sampling))
