@@ -44,12 +44,14 @@ from worker.engines._vllm_settings import (
     sampling_kwargs,
 )
 
-__all__ = ["REMOVE_DRAIN_S", "VLLMEngine"]
+__all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
 
 log = structlog.get_logger(__name__)
 
 REMOVE_DRAIN_S: Final = 30.0
 """How long removing an adapter waits for its running requests before aborting them."""
+STOP_TIMEOUT_S: Final = 15.0
+"""How long vLLM's processes get to exit on stop; its default (5 s) kills them mid-teardown."""
 _BASE_GROUP: Final = "base"
 _ADAPTER_GROUP: Final = "adapter"
 
@@ -60,11 +62,14 @@ def _is_client_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError | TypeError) or "VLLMClientError" in names
 
 
-def _build_vllm_engine(kwargs: dict[str, Any]) -> Any:
-    """Import vLLM and start its async engine (blocking: run it in a thread).
+def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any]) -> None:
+    """Import vLLM and start its async engine into ``out`` (blocking: run it in a thread).
 
     Options that are no ``AsyncEngineArgs`` field (another engine's) are dropped
-    with a warning, since every engine receives the same worker options.
+    with a warning, since every engine receives the same worker options. The
+    engine travels in ``out``, not as the thread's result: the executor's future
+    would keep it alive past ``stop`` until interpreter exit, where vLLM's
+    ``__del__`` fails noisily.
     """
     from vllm import AsyncEngineArgs, AsyncLLMEngine
 
@@ -73,7 +78,7 @@ def _build_vllm_engine(kwargs: dict[str, Any]) -> Any:
     if ignored:
         log.warning("vllm.options_ignored", options=ignored)
     args = AsyncEngineArgs(**{key: value for key, value in kwargs.items() if key in known})
-    return AsyncLLMEngine.from_engine_args(args)
+    out.append(AsyncLLMEngine.from_engine_args(args))
 
 
 class VLLMEngine(AdapterEngine):
@@ -105,10 +110,12 @@ class VLLMEngine(AdapterEngine):
     async def start(self) -> None:
         """Start vLLM (in a thread: importing and spawning its processes takes seconds)."""
         started = time.monotonic()
+        built: list[Any] = []
         try:
-            self._llm = await asyncio.to_thread(_build_vllm_engine, self._kwargs)
+            await asyncio.to_thread(_build_vllm_engine, self._kwargs, built)
         except Exception as exc:
             raise UpstreamError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
+        self._llm = built.pop()
         tokenizer = self._llm.get_tokenizer()
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         if self._isolates_base_rows():
@@ -269,7 +276,8 @@ class VLLMEngine(AdapterEngine):
             handler.cancel()
             await asyncio.gather(handler, return_exceptions=True)
         llm, self._llm = self._llm, None
-        await asyncio.to_thread(llm.shutdown)
+        accepts_timeout = "timeout" in inspect.signature(llm.shutdown).parameters
+        await asyncio.to_thread(llm.shutdown, *([STOP_TIMEOUT_S] if accepts_timeout else []))
 
 
 def _adapter_error(name: str, path: Path, exc: Exception) -> LorafleetError:
