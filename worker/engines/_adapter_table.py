@@ -8,12 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from proto.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 
-__all__ = ["AdapterHandle", "AdapterTable"]
+__all__ = ["AdapterHandle", "AdapterTable", "check_adapter_dir"]
+
+
+def check_adapter_dir(name: str, path: Path, max_rank: int) -> None:
+    """Refuse, before the engine tries, a directory that is no LoRA or whose rank is too big."""
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(
+            f"adapter {name!r}: no readable adapter_config.json in {path}"
+        ) from exc
+    ranks = [config.get("r"), *dict(config.get("rank_pattern") or {}).values()]
+    biggest = max((rank for rank in ranks if isinstance(rank, int)), default=0)
+    if biggest > max_rank:
+        raise InvalidRequestError(
+            f"adapter {name!r} at {path} has rank {biggest}; this engine takes at most {max_rank}"
+        )
 
 
 class AdapterHandle(Protocol):

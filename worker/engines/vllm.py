@@ -35,7 +35,7 @@ from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, 
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig
-from worker.engines._adapter_table import AdapterTable
+from worker.engines._adapter_table import AdapterTable, check_adapter_dir
 from worker.engines._batch_groups import BatchGroupGate
 from worker.engines._vllm_settings import (
     engine_kwargs,
@@ -169,8 +169,7 @@ class VLLMEngine(AdapterEngine):
         async with self._table_lock:
             if self._table.check_new(name, lora_id):
                 return
-            if not (path / "adapter_config.json").is_file():
-                raise InvalidRequestError(f"adapter {name!r}: no adapter_config.json in {path}")
+            check_adapter_dir(name, path, self.config.max_lora_rank)
             request = LoRARequest(name, lora_id, str(path))
             started = time.monotonic()
             try:

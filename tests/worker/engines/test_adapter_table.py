@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from proto.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
-from worker.engines._adapter_table import AdapterTable
+from worker.engines._adapter_table import AdapterTable, check_adapter_dir
 
 
 @dataclass(frozen=True)
@@ -92,3 +94,23 @@ async def test_wait_idle_gives_up_after_its_timeout_and_names_the_stragglers() -
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert table.running("pirate") == []
+
+
+def _adapter_dir(path: Path, **config: object) -> Path:
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_adapter_dir_within_the_rank_limit_passes(tmp_path: Path) -> None:
+    check_adapter_dir("pirate", _adapter_dir(tmp_path, r=8, rank_pattern={}), max_rank=8)
+
+
+def test_adapter_whose_rank_exceeds_the_limit_is_refused_naming_both(tmp_path: Path) -> None:
+    path = _adapter_dir(tmp_path, r=8, rank_pattern={"q_proj": 32})
+    with pytest.raises(InvalidRequestError, match=r"rank 32.*at most 16"):
+        check_adapter_dir("big", path, max_rank=16)
+
+
+def test_directory_without_adapter_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match=r"adapter_config\.json"):
+        check_adapter_dir("ghost", tmp_path, max_rank=8)
