@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 EXTRAS := test,servers,s3,hf
 
-.PHONY: up test lint format venv clean
+.PHONY: up test test-compose lint format venv clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest
+
+# The stack of compose.yaml, built and run on a private Docker engine (needs root;
+# installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
+test-compose: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -x --timeout 3600 tests/compose/e2e_stack.py
 
 up: $(STAMP)
 	$(VENV)/bin/lorafleet up
