@@ -9,6 +9,7 @@ scenario each worker's cards in etcd must equal what its engine has loaded.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,6 +67,18 @@ async def _apply(http: httpx.AsyncClient, name: str, uri: str, **fields: object)
 async def _complete(http: httpx.AsyncClient, model: str) -> httpx.Response:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 2}
     return await http.post("/v1/completions", json=body, timeout=30)
+
+
+async def _text(http: httpx.AsyncClient, model: str, *, stream: bool) -> str:
+    """The completion's text, whole or gathered from its SSE events."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "stream": stream}
+    answer = await http.post("/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    if not stream:
+        return str(answer.json()["choices"][0]["text"])
+    events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return "".join(json.loads(event)["choices"][0]["text"] for event in events[:-1])
 
 
 def _metric(worker: ServiceProcess, pattern: str) -> float:
@@ -145,10 +158,8 @@ async def test_two_slots_three_adapters_in_turn_evict_the_least_recently_used(
     assert texts == [f"{name}:0 {name}:1 " for name in names]
     assert _loaded(worker) == {"beta", "gamma"}  # alpha was the least recently used
 
-    for name in names * 2:
-        answer = await _complete(frontend.http, name)
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["choices"][0]["text"] == f"{name}:0 {name}:1 "
+    for turn, name in enumerate(names * 2):
+        assert await _text(frontend.http, name, stream=turn % 2 == 1) == f"{name}:0 {name}:1 "
     assert _loads(worker) == 9  # each one was evicted before its turn came again
     assert len(_loaded(worker)) == 2
     await _assert_cards_match_engines([worker], etcd, namespace)
@@ -212,3 +223,25 @@ async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
         assert answer.status_code == 200
     assert (len(busy.generated), len(idle.generated)) == (1, 4)
     assert (await slow).status_code == 200
+
+
+async def test_an_adapter_whose_only_instance_died_is_loaded_again_elsewhere(
+    workers, nats_url, etcd, namespace, frontend
+) -> None:
+    dead, alive = [
+        await StandInWorker(
+            nats_url, etcd, namespace, "demo", adapters=adapters, answer_loads=True
+        ).start()
+        for adapters in (("pirate",), ())
+    ]
+    workers.extend([dead, alive])
+    await _apply(frontend.http, "pirate", "file:///a/pirate")
+    await wait_for_models(frontend, {"demo", "pirate"})
+    await dead.stop(retract=False)  # crashed: its cards stay until the lease expires
+
+    for stream in (False, True):
+        body = {"model": "pirate", "prompt": "x", "max_tokens": 2, "stream": stream}
+        answer = await frontend.http.post("/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+    assert alive.loads == ["pirate"]
+    assert [request.model for request in alive.generated] == ["pirate", "pirate"]
