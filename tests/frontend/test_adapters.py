@@ -193,3 +193,10 @@ async def test_without_a_token_the_admin_routes_are_open(frontend) -> None:
 def test_the_token_never_shows_in_the_config_repr() -> None:
     config = dataclasses.replace(FrontendConfig(), admin_token=TOKEN)
     assert TOKEN not in repr(config)
+
+
+async def test_the_adapter_routes_are_in_the_openapi_document(frontend) -> None:
+    schema = (await frontend.http.get("/openapi.json")).json()
+    operations = {op["operationId"] for path in schema["paths"].values() for op in path.values()}
+    assert {"applyAdapter", "listAdapters", "getAdapter", "deleteAdapter"} <= operations
+    assert "instances" in schema["components"]["schemas"]["AdapterStatus"]["properties"]

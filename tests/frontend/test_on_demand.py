@@ -120,7 +120,7 @@ async def _assert_cards_match_engines(workers, etcd, namespace: str) -> None:
 async def test_twenty_first_requests_cause_one_load_where_placement_ranks_first(
     lora_workers, frontend, etcd, namespace, tmp_path
 ) -> None:
-    workers = lora_workers(2)
+    workers = await asyncio.to_thread(lora_workers, 2)
     await wait_for_models(frontend, {"demo"})
     await _apply(frontend.http, "pirate", _uri(tmp_path, "pirate"))
 
@@ -148,7 +148,7 @@ async def test_twenty_first_requests_cause_one_load_where_placement_ranks_first(
 async def test_two_slots_three_adapters_in_turn_evict_the_least_recently_used(
     lora_workers, frontend, etcd, namespace, tmp_path
 ) -> None:
-    (worker,) = lora_workers(1, "--max-loras", "2")
+    (worker,) = await asyncio.to_thread(lora_workers, 1, "--max-loras", "2")
     await wait_for_models(frontend, {"demo"})
     names = ["alpha", "beta", "gamma"]
     for name in names:
@@ -168,7 +168,7 @@ async def test_two_slots_three_adapters_in_turn_evict_the_least_recently_used(
 async def test_a_failed_load_answers_the_worker_s_error(
     lora_workers, frontend, etcd, namespace, tmp_path
 ) -> None:
-    (worker,) = lora_workers(1, "--max-loras", "1")
+    (worker,) = await asyncio.to_thread(lora_workers, 1, "--max-loras", "1")
     await _apply(frontend.http, "keeper", _uri(tmp_path, "keeper"), replicas=1, pinned=True)
     await wait_for_models(frontend, {"demo", "keeper"})  # placed, pinned: never evicted
     await _apply(frontend.http, "other", _uri(tmp_path, "other"))
@@ -213,7 +213,7 @@ async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
     ]
     workers.extend(pair)
     await wait_for_models(frontend, {"demo", "pirate"})
-    body = {"model": "pirate", "prompt": "x", "max_tokens": 40}
+    body = {"model": "pirate", "prompt": "x", "max_tokens": 20}
     slow = asyncio.create_task(frontend.http.post("/v1/completions", json=body))
     while sum(len(worker.generated) for worker in pair) == 0:
         await asyncio.sleep(0.01)
