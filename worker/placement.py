@@ -58,6 +58,8 @@ class Placement:
         self._cards = cards
         self._idle_unload_s = idle_unload_s
         self._placed: set[str] = set()
+        self._on_demand: set[str] = set()
+        """Loaded here while desired but not placed here: loaded on a frontend's demand."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -123,14 +125,17 @@ class Placement:
         self._controller.pinned = {name for name in mine if specs[name].pinned}
         for name in sorted(mine - self._controller.loaded.keys()):
             await self._load(specs[name])
+        self._on_demand &= self._controller.loaded.keys()  # evicted or unloaded meanwhile
         for name in sorted(self._controller.loaded.keys() - mine):
+            if name in specs and name not in self._placed:
+                self._on_demand.add(name)
             if self._should_unload(name, name in specs):
                 await self._unload(name)
 
     def _should_unload(self, name: str, desired: bool) -> bool:
         idle_s = self._controller.idle_s(name)
-        if name in self._placed:
-            return idle_s > 0  # placed here and no longer chosen: move it once it is idle
+        if name in self._placed or (name in self._on_demand and not desired):
+            return idle_s > 0  # no longer chosen, or deleted from the desired state: once idle
         return desired and idle_s > self._idle_unload_s  # on demand: keep while recently used
 
     async def _load(self, spec: AdapterSpec) -> None:
@@ -150,4 +155,5 @@ class Placement:
             log.warning("placement could not unload adapter", adapter=name, error=exc.message)
             return
         self._placed.discard(name)
+        self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)
