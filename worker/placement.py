@@ -12,30 +12,24 @@ import asyncio
 import contextlib
 from typing import Final
 
-import msgspec
 import structlog
 
 from discovery.client import EtcdClient
 from discovery.keys import adapters_prefix, card_prefix, parse_card_key
 from discovery.watch_cache import WatchCache
-from proto.adapters import AdapterSpec
+from proto.adapters import AdapterSpec, decode_adapter_spec
 from proto.discovery import ModelDeploymentCard, decode_card
 from proto.errors import LorafleetError
 from proto.placement import chosen_instances
 from worker.lora_controller import LoraController
 
-__all__ = ["Placement", "decode_spec"]
+__all__ = ["Placement"]
 
 log = structlog.get_logger(__name__)
 
 DEBOUNCE_S: Final = 0.05
 RECHECK_S: Final = 5.0
 """Re-run placement this often even without changes: retries failed loads, unloads idle ones."""
-
-
-def decode_spec(raw: bytes) -> AdapterSpec:
-    """Decode a desired-state record (raises msgspec errors on bad input)."""
-    return msgspec.json.decode(raw, type=AdapterSpec)
 
 
 class Placement:
@@ -75,7 +69,7 @@ class Placement:
         idle_unload_s: float,
     ) -> Placement:
         """Watch the desired state and the peers, and converge from now on."""
-        specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_spec)
+        specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
         cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
         placement = cls(
             controller=controller, instance_id=instance_id, base_model=base_model,

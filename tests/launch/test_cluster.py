@@ -18,7 +18,7 @@ from discovery.client import connect_etcd
 from launch.demo_model import EXPECTED
 from launch.local_servers import free_port, start_etcd
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 READY_LINE = "lorafleet is up. Try:"
 
@@ -59,7 +59,7 @@ async def test_up_prints_working_lines_and_ctrl_c_leaves_no_process_and_no_key(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
-        lines = await asyncio.to_thread(_read_until_ready, up, 240)
+        lines = await asyncio.to_thread(_read_until_ready, up, 420)
         commands = _suggested_commands(lines)
         outputs = [await asyncio.to_thread(_run, command) for command in commands]
     finally:
