@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,22 +21,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 READY_LINE = "lorafleet is up. Try:"
 
 
-def _read_until_ready(process: subprocess.Popen[str], timeout_s: float) -> list[str]:
-    """Output lines up to and including the block of lines to try."""
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
+def _read_until_ready(process: subprocess.Popen[str]) -> list[str]:
+    """Output lines up to and including the block of lines to try (pytest-timeout bounds it)."""
     assert process.stdout is not None
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.5)
-        if not ready:
-            continue
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError("lorafleet up exited:\n" + "".join(lines[-40:]))
+    lines: list[str] = []
+    for line in process.stdout:
         lines.append(line)
         if line.startswith("Press Ctrl-C"):
             return lines
-    raise TimeoutError("no ready banner:\n" + "".join(lines[-40:]))
+    raise RuntimeError("lorafleet up exited:\n" + "".join(lines[-40:]))
 
 
 def _suggested_commands(lines: list[str]) -> list[str]:
@@ -59,7 +50,7 @@ async def test_up_prints_working_lines_and_ctrl_c_leaves_no_process_and_no_key(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
-        lines = await asyncio.to_thread(_read_until_ready, up, 420)
+        lines = await asyncio.to_thread(_read_until_ready, up)
         commands = _suggested_commands(lines)
         outputs = [await asyncio.to_thread(_run, command) for command in commands]
     finally:
