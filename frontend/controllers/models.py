@@ -34,7 +34,7 @@ class ModelsController(Controller):
     @get("/", operation_id="listModels", summary="List served models")
     async def list_models(self, registry: NamedDependency[ModelRegistry]) -> ModelList:
         """Every served name, sorted; an adapter's ``parent`` is its base model."""
-        return ModelList(data=[model_object(served) for served in registry.models()])
+        return ModelList(data=registry.each(model_object))
 
     @get(
         "/{model_id:path}",
