@@ -1,4 +1,4 @@
-"""Figures for benchmarks: percentiles, CPU seconds per process, the table and the JSON.
+"""Figures for benchmarks: percentiles, CPU seconds per process, the table, the JSON, the loop.
 
 ``--json`` alone prints JSON on stdout (the table goes to stderr);
 ``--json PATH`` writes it to PATH and the table to stdout.
@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -25,9 +26,11 @@ __all__ = [
     "machine",
     "ms",
     "percentile",
+    "run_async",
     "table",
 ]
 
+_T = TypeVar("_T")
 _CLOCK_TICKS_PER_S: Final = os.sysconf("SC_CLK_TCK")
 
 
@@ -120,3 +123,12 @@ def emit(results: Mapping[str, Any], text: str, json_target: str | None) -> None
     if json_target is not None:
         with open(json_target, "w") as handle:
             handle.write(encoded + "\n")
+
+
+def run_async(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a benchmark's coroutine on uvloop (as the frontend and workers do)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -10,7 +10,6 @@ time to first token, errors and CPU milliseconds per request by process.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import os
 import statistics
@@ -24,7 +23,7 @@ import nats
 from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request
 from bench._load import Call, Outcome, Session, StepResult, run_step
-from bench._report import CpuMeter, add_output_flags, emit, machine, table
+from bench._report import CpuMeter, add_output_flags, emit, machine, run_async, table
 from frontend.request_plane import RequestPlane
 from proto.inference import (
     ChatMessage,
@@ -220,17 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print (and optionally write) its figures."""
     args = build_parser().parse_args(argv)
-    results = _run_loop(run(args))
+    results = run_async(run(args))
     emit(results, _text(results["results"]), args.json)
     return 0
-
-
-def _run_loop(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    return uvloop.run(coro)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
