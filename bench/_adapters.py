@@ -101,9 +101,11 @@ async def _timed_change(
 async def run_rounds(
     frontend: FrontendModels, worker: Service, uri: str, rounds: int, poll_s: float
 ) -> Rounds:
-    """Load and unload the probe adapter ``rounds`` times."""
+    """Load and unload the probe adapter ``rounds`` times, after one untimed round."""
     result = Rounds()
     load = {"lora_name": PROBE, "source": {"uri": uri}}
+    await _admin(worker, "load_lora", load)
+    await _admin(worker, "unload_lora", {"lora_name": PROBE})
     for _ in range(rounds):
         try:
             call_s, visible_s = await _timed_change(frontend, worker, "load_lora", load, poll_s)

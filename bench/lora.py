@@ -21,16 +21,15 @@ from bench._report import add_output_flags, emit, machine, run_async, table
 __all__ = ["build_parser", "main", "run"]
 
 MODEL: Final = "demo"
-WORKERS: Final = 4
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the cluster, time the rounds empty and with ``--adapters`` loaded."""
     poll_s = args.poll_interval_ms / 1000
-    per_worker = -(-args.adapters // WORKERS) + 2
+    per_worker = -(-args.adapters // args.workers) + 2
     with BenchCluster() as cluster:
         flags = ("--enable-lora", "--max-loras", str(per_worker))
-        workers = [cluster.worker(MODEL, *flags, wait=False) for _ in range(WORKERS)]
+        workers = [cluster.worker(MODEL, *flags, wait=False) for _ in range(args.workers)]
         for worker in workers:
             cluster.await_worker(worker)
         frontend = FrontendModels(cluster.frontend())
@@ -40,7 +39,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         scenarios["empty"] = {**empty.summary(), **await models_latency(frontend, args.samples)}
         populate_s = await populate(cluster, workers, args.adapters)
         loaded = await run_rounds(frontend, workers[0], uri, args.rounds, poll_s)
-        scenarios[f"{args.adapters}_adapters"] = {
+        scenarios["populated"] = {
             **loaded.summary(),
             **await models_latency(frontend, args.samples),
             "populate_s": round(populate_s, 2),
@@ -48,13 +47,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "lora",
         "machine": machine(),
-        "settings": {"rounds": args.rounds, "adapters": args.adapters, "workers": WORKERS,
+        "settings": {"rounds": args.rounds, "adapters": args.adapters, "workers": args.workers,
                      "poll_interval_ms": args.poll_interval_ms, "samples": args.samples},
         "results": scenarios,
     }  # fmt: skip
 
 
 def _text(results: dict[str, Any]) -> str:
+    settings = results["settings"]
     headers = [
         "scenario", "rounds", "errors", "load call p50", "visible p50", "visible max",
         "unload call p50", "gone p50", "gone max", "/v1/models p50", "bytes", "entries",
@@ -63,9 +63,11 @@ def _text(results: dict[str, Any]) -> str:
         [name, r["rounds"], r["errors"], r["load_call_p50_ms"], r["visible_p50_ms"],
          r["visible_max_ms"], r["unload_call_p50_ms"], r["gone_p50_ms"], r["gone_max_ms"],
          r["models_p50_ms"], r["models_bytes"], r["models_entries"]]
-        for name, r in results.items()
+        for name, r in results["results"].items()
     ]  # fmt: skip
-    return "times in ms\n" + table(headers, rows)
+    title = (f"times in ms; populated: {settings['adapters']} adapters over "
+             f"{settings['workers']} workers")  # fmt: skip
+    return title + "\n" + table(headers, rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.lora", description=__doc__)
     parser.add_argument("--rounds", type=int, default=50, help="load+unload rounds per scenario")
     parser.add_argument("--adapters", type=int, default=1000, help="adapters already published")
+    parser.add_argument("--workers", type=int, default=4, help="workers the adapters spread over")
     parser.add_argument("--samples", type=int, default=200, help="timed GET /v1/models")
     parser.add_argument("--poll-interval-ms", type=float, default=0.5,
                         help="pause between /v1/models polls")  # fmt: skip
@@ -84,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print (and optionally write) its figures."""
     args = build_parser().parse_args(argv)
     results = run_async(run(args))
-    emit(results, _text(results["results"]), args.json)
+    emit(results, _text(results), args.json)
     return 0
 
 
