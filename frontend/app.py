@@ -1,8 +1,9 @@
 """Build the frontend's Litestar app: lifespan, dependencies, controllers, OpenAI errors.
 
-The lifespan connects NATS and etcd, starts the watch caches, the request plane
-and the router, and puts them on ``app.state``; handlers receive them through
-``Provide``. Every error leaves in OpenAI's shape.
+The lifespan connects NATS and etcd, starts the watch caches (instances, cards,
+desired adapters), the request plane, the router and the on-demand loader, and
+puts them on ``app.state``; handlers receive them through ``Provide``. Every
+error leaves in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from litestar.openapi import OpenAPIConfig
 from discovery.client import connect_etcd
 from frontend.config import FrontendConfig
 from frontend.controllers import (
+    AdaptersController,
     ChatCompletionsController,
     CompletionsController,
     ModelsController,
     SystemController,
 )
+from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
 from frontend.errors import openai_error, openai_type
 from frontend.generation import GenerationService
 from frontend.metrics import FrontendMetrics
+from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry
 from frontend.request_plane import RequestPlane, connect_nats
+from frontend.resolver import ModelResolver
 from frontend.router import make_router
 from proto.errors import LorafleetError
 from proto.openai import OpenAIError, OpenAIErrorResponse
@@ -74,14 +79,34 @@ async def _start_services(
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)
+    desired = await DesiredState.start(etcd, config.namespace)
+    stack.push_async_callback(desired.aclose)
     dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
+    loader = OnDemandLoader(
+        registry, plane, app.state.metrics,
+        timeout_s=config.on_demand_timeout_s, settings=config.dispatch,
+    )  # fmt: skip
+    stack.push_async_callback(loader.aclose)
+    resolver = ModelResolver(registry, desired, loader)
     app.state.plane = plane
     app.state.registry = registry
-    app.state.service = GenerationService(registry, dispatcher, app.state.metrics)
+    app.state.desired = desired
+    app.state.resolver = resolver
+    app.state.service = GenerationService(resolver, dispatcher, app.state.metrics)
+    if not config.admin_token:
+        log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")
 
 
 def _registry(state: State) -> ModelRegistry:
     return state.registry  # type: ignore[no-any-return]
+
+
+def _desired(state: State) -> DesiredState:
+    return state.desired  # type: ignore[no-any-return]
+
+
+def _resolver(state: State) -> ModelResolver:
+    return state.resolver  # type: ignore[no-any-return]
 
 
 def _plane(state: State) -> RequestPlane:
@@ -157,6 +182,7 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
     """The frontend app; nothing connects until its lifespan starts."""
     app = Litestar(
         route_handlers=[
+            AdaptersController,
             ChatCompletionsController,
             CompletionsController,
             ModelsController,
@@ -166,6 +192,8 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
         dependencies={
             "registry": Provide(_registry, sync_to_thread=False),
             "plane": Provide(_plane, sync_to_thread=False),
+            "desired": Provide(_desired, sync_to_thread=False),
+            "resolver": Provide(_resolver, sync_to_thread=False),
             "service": Provide(_service, sync_to_thread=False),
             "metrics": Provide(_metrics, sync_to_thread=False),
         },

@@ -8,10 +8,16 @@ from typing import Final
 from frontend.dispatcher import DispatchSettings
 from frontend.router import ROUTERS
 
-__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_NAMESPACE", "FrontendConfig"]
+__all__ = [
+    "DEFAULT_HTTP_PORT",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_ON_DEMAND_TIMEOUT_S",
+    "FrontendConfig",
+]
 
 DEFAULT_HTTP_PORT: Final = 8000
 DEFAULT_NAMESPACE: Final = "lorafleet"
+DEFAULT_ON_DEMAND_TIMEOUT_S: Final = 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +29,7 @@ class FrontendConfig:
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
         FrontendConfig(etcd_endpoints="http://etcd:2379", nats_server="nats://nats:4222")
+        FrontendConfig(admin_token="s3cret", on_demand_timeout_s=120)
     """
 
     namespace: str = DEFAULT_NAMESPACE
@@ -32,6 +39,10 @@ class FrontendConfig:
     http_host: str = "0.0.0.0"
     http_port: int = DEFAULT_HTTP_PORT
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    on_demand_timeout_s: float = DEFAULT_ON_DEMAND_TIMEOUT_S
+    """How long a request for a cold adapter waits for its on-demand load."""
+    admin_token: str | None = field(default=None, repr=False)
+    """Bearer token the mutating ``/v1/adapters`` routes require (``DYN_ADMIN_TOKEN``)."""
 
     def __post_init__(self) -> None:
         if not self.namespace or "/" in self.namespace or "." in self.namespace:
@@ -40,3 +51,7 @@ class FrontendConfig:
             raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"http_port {self.http_port} is not a TCP port")
+        if self.on_demand_timeout_s <= 0:
+            raise ValueError(
+                f"on_demand_timeout_s must be positive, got {self.on_demand_timeout_s}"
+            )

@@ -191,11 +191,12 @@ class Dispatcher:
         tried: list[int],
         last: LorafleetError | None,
     ) -> _Attempt:
+        pick = self.router.pick if served.parent is None else self.router.pick_least_inflight
         instance = None
         if self._quarantine:
-            instance = self.router.pick(served.name, served.instances, self._avoid(tried))
+            instance = pick(served.name, served.instances, self._avoid(tried))
         if instance is None:
-            instance = self.router.pick(served.name, served.instances, tried)
+            instance = pick(served.name, served.instances, tried)
         if instance is None:
             raise self._exhausted(served, tried, last)
         tried.append(instance.instance_id)

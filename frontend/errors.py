@@ -8,7 +8,9 @@ Hierarchy::
     └── ModelNotFoundError       no live instance serves that name               404
     proto.errors.UnavailableError
     ├── NoLiveInstanceError      the model is known but no instance answered     503
-    └── InstanceLostError        one instance stopped answering (retried)        503
+    ├── InstanceLostError        one instance stopped answering (retried)        503
+    ├── BaseModelUnavailableError  a cold adapter's base model has no instance   503
+    └── LoadTimeoutError         an on-demand adapter load took too long         503
     proto.errors.UpstreamError
     └── WorkerError              a worker answered with an error                 502
 
@@ -34,8 +36,10 @@ from proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
     "BadFieldError",
+    "BaseModelUnavailableError",
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
+    "LoadTimeoutError",
     "ModelNotFoundError",
     "NoLiveInstanceError",
     "OPENAI_TYPE_BY_STATUS",
@@ -132,6 +136,34 @@ class InstanceLostError(UnavailableError):
         self.reason = reason
         self.stalled = stalled
         super().__init__(f"Worker instance {instance_id:x} is not answering: {reason}")
+
+
+class BaseModelUnavailableError(UnavailableError):
+    """A desired adapter is cold and no live instance serves its base model to load it on."""
+
+    param = "model"
+
+    def __init__(self, adapter: str, base_model: str) -> None:
+        self.adapter = adapter
+        self.base_model = base_model
+        super().__init__(
+            f"Adapter {adapter!r} is not loaded anywhere and no live instance of its base model "
+            f"{base_model!r} could load it"
+        )
+
+
+class LoadTimeoutError(UnavailableError):
+    """An on-demand load did not finish (loaded and visible in etcd) in time."""
+
+    param = "model"
+
+    def __init__(self, adapter: str, timeout_s: float) -> None:
+        self.adapter = adapter
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"Adapter {adapter!r} was not loaded within {timeout_s:g} s (on-demand timeout); "
+            "retry later"
+        )
 
 
 class WorkerError(UpstreamError):

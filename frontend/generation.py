@@ -3,6 +3,8 @@
 Shared by the chat and completions controllers. A stream's HTTP status is
 decided before its first byte: errors up to the first chunk answer with their
 status; later ones end the stream with an ``error`` event and ``[DONE]``.
+A desired adapter that left its instances between lookup and dispatch (evicted,
+instance gone) is loaded again on demand and the request dispatched once more.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, TypeAlias, TypeVar
 
 import msgspec
@@ -18,9 +20,10 @@ import structlog
 from litestar.response import Stream
 
 from frontend.dispatcher import Dispatcher, TokenStream
-from frontend.errors import ModelNotFoundError, NoLiveInstanceError, openai_error
+from frontend.errors import NoLiveInstanceError, WorkerError, openai_error
 from frontend.metrics import FrontendMetrics
-from frontend.registry import ModelRegistry, ServedModel
+from frontend.registry import ServedModel
+from frontend.resolver import ModelResolver
 from frontend.shapes import SSE_DONE, Answer, Shape, sse
 from proto.errors import LorafleetError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
@@ -42,6 +45,7 @@ SSE_HEADERS: Final = {
 }
 
 _Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
+_Answer = TypeVar("_Answer")
 ToGenerate: TypeAlias = Callable[[_Body, ServedModel, str], GenerateRequest]
 """Builds the request-plane message from a validated body, a served model and a request id."""
 
@@ -50,38 +54,29 @@ class GenerationService:
     """Turns validated OpenAI bodies into answers through the dispatcher."""
 
     def __init__(
-        self, registry: ModelRegistry, dispatcher: Dispatcher, metrics: FrontendMetrics
+        self, resolver: ModelResolver, dispatcher: Dispatcher, metrics: FrontendMetrics
     ) -> None:
-        self.registry = registry
+        self.resolver = resolver
         self.dispatcher = dispatcher
         self.metrics = metrics
-
-    def resolve(self, name: str) -> ServedModel:
-        """The served model called ``name``; 404 if nobody serves it, 503 if none is live."""
-        served = self.registry.get(name)
-        if served is not None:
-            return served
-        if self.registry.known(name):
-            raise NoLiveInstanceError(name)
-        raise ModelNotFoundError(name, self.registry.names())
 
     async def generate(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body]
     ) -> msgspec.Struct | Stream:
         """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming."""
         started = time.perf_counter()
-        served, request, answer = self._prepare(body, shape, to_generate, started)
+        served, request, answer = await self._prepare(body, shape, to_generate, started)
         self.metrics.started(answer.model, shape.endpoint)
         if body.stream:
             return await self._open_stream(served, request, shape, answer, body, started)
         return await self._whole(served, request, shape, answer, started)
 
-    def _prepare(
+    async def _prepare(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], started: float
     ) -> tuple[ServedModel, GenerateRequest, Answer]:
         """Resolve the model and build the request; failures are counted, then raised."""
         try:
-            served = self.resolve(body.model)
+            served = await self.resolver.resolve(body.model)
         except LorafleetError as exc:
             self._count_failure("", shape.endpoint, exc, started)
             raise
@@ -103,7 +98,7 @@ class GenerationService:
         started: float,
     ) -> msgspec.Struct:
         try:
-            completion = await self.dispatcher.complete(served, request)
+            completion = await self._dispatch(self.dispatcher.complete, served, request)
         except LorafleetError as exc:
             self._count_failure(answer.model, shape.endpoint, exc, started)
             raise
@@ -125,7 +120,7 @@ class GenerationService:
         started: float,
     ) -> Stream:
         try:
-            tokens = await self.dispatcher.stream(served, request)
+            tokens = await self._dispatch(self.dispatcher.stream, served, request)
         except BaseException as exc:
             self.metrics.ended(answer.model, shape.endpoint)
             if isinstance(exc, LorafleetError):
@@ -142,6 +137,22 @@ class GenerationService:
         # its ``finally`` never runs: releasing on garbage collection covers that case.
         weakref.finalize(frames, release)
         return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _dispatch(
+        self,
+        call: Callable[[ServedModel, GenerateRequest], Awaitable[_Answer]],
+        served: ServedModel,
+        request: GenerateRequest,
+    ) -> _Answer:
+        """``call`` the dispatcher; once more after loading a desired adapter that went cold."""
+        try:
+            return await call(served, request)
+        except (WorkerError, NoLiveInstanceError) as exc:
+            spec = self.resolver.gone_cold(served, exc)
+            if spec is None:
+                raise
+        log.info("adapter left its instances; loading it again", adapter=served.name)
+        return await call(await self.resolver.loader.load(spec), request)
 
     def _releaser(
         self, tokens: TokenStream, shape: Shape, answer: Answer, started: float

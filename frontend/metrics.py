@@ -1,4 +1,4 @@
-"""Prometheus metrics of one frontend: requests, errors, latency and time to first token.
+"""Prometheus metrics of one frontend: requests, errors, latencies, on-demand adapter loads.
 
 Each frontend app owns its own ``CollectorRegistry``, so several apps can live
 in one process (tests). Labels are the served model name (``""`` for a name
@@ -51,6 +51,15 @@ class FrontendMetrics:
             "lorafleet_frontend_inflight_requests", "Generate requests in progress",
             labels, registry=self.registry,
         )  # fmt: skip
+        self.on_demand_loads = Counter(
+            "lorafleet_frontend_on_demand_loads", "On-demand adapter loads, by outcome",
+            ["outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.on_demand_seconds = Histogram(
+            "lorafleet_frontend_on_demand_load_duration_seconds",
+            "Time from a cold request to its adapter's card in this frontend's registry",
+            buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
         self._children: dict[tuple[object, ...], Any] = {}
 
     def started(self, model: str, endpoint: str) -> None:
@@ -78,6 +87,11 @@ class FrontendMetrics:
     def first_token_after(self, model: str, endpoint: str, seconds: float) -> None:
         """Record the time to the first token."""
         self._child(self.first_token, model, endpoint).observe(seconds)
+
+    def on_demand_load(self, outcome: str, seconds: float) -> None:
+        """Count one on-demand load (``ok`` or an error code) and how long it took."""
+        self.on_demand_loads.labels(outcome).inc()
+        self.on_demand_seconds.observe(seconds)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

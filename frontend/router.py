@@ -1,5 +1,8 @@
 """Choose which instance serves a request: round robin or fewest requests in flight.
 
+Adapters always go to the instance with the fewest in flight among those that
+have them loaded (affinity); ``--router`` chooses for base models.
+
 Pure bookkeeping, no I/O: the dispatcher tells the router when an attempt on an
 instance starts and finishes, and asks it for the next instance, excluding
 those that already failed for this request. NATS never load-balances for us.
@@ -52,6 +55,29 @@ class Router(abc.ABC):
         else:
             self._inflight.pop(instance_id, None)
 
+    def pick_least_inflight(
+        self, model: str, instances: Sequence[Instance], exclude: Container[int] = ()
+    ) -> Instance | None:
+        """The instance with the fewest attempts in flight; ties rotate round robin.
+
+        Adapters are always routed this way (affinity: ``instances`` are those that
+        have the adapter loaded); base models follow the configured ``pick``.
+        """
+        count = len(instances)
+        if count == 0:
+            return None
+        start = self._next_turn(model)
+        best: Instance | None = None
+        best_load = 0
+        for offset in range(count):
+            instance = instances[(start + offset) % count]
+            if instance.instance_id in exclude:
+                continue
+            load = self._inflight.get(instance.instance_id, 0)
+            if best is None or load < best_load:
+                best, best_load = instance, load
+        return best
+
     def _next_turn(self, model: str) -> int:
         """A per-model counter that rotates the starting point of every pick."""
         turn = self._turns.get(model, 0)
@@ -82,20 +108,7 @@ class LeastInflightRouter(Router):
     def pick(
         self, model: str, instances: Sequence[Instance], exclude: Container[int] = ()
     ) -> Instance | None:
-        count = len(instances)
-        if count == 0:
-            return None
-        start = self._next_turn(model)
-        best: Instance | None = None
-        best_load = 0
-        for offset in range(count):
-            instance = instances[(start + offset) % count]
-            if instance.instance_id in exclude:
-                continue
-            load = self._inflight.get(instance.instance_id, 0)
-            if best is None or load < best_load:
-                best, best_load = instance, load
-        return best
+        return self.pick_least_inflight(model, instances, exclude)
 
 
 ROUTERS: Final[Mapping[str, Callable[[], Router]]] = MappingProxyType(

@@ -25,16 +25,35 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", type=Path, default=Path(".lorafleet"))
     commands.add_parser("worker", help="run a worker (same flags as python -m worker)")
     commands.add_parser("frontend", help="run a frontend (same flags as python -m frontend)")
-    lora = commands.add_parser("lora", help="load, unload or list adapters on workers")
-    lora.add_argument("action", choices=["load", "unload", "list"])
+    lora = commands.add_parser(
+        "lora",
+        help="load, unload or list adapters on workers; apply or delete the fleet's desired state",
+    )
+    lora.add_argument("action", choices=["load", "unload", "list", "apply", "delete"])
     lora.add_argument("name", nargs="?")
     lora.add_argument("uri", nargs="?")
     lora.add_argument("--worker", action="append", help="a worker's status URL (repeatable)")
     lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
     lora.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
+    lora.add_argument("--base-model", help="apply: the base model the adapter was trained for")
+    lora.add_argument("--replicas", type=_replicas, default=1,
+                      help='apply: instances that keep it loaded, a number or "all"; '
+                           "0 loads it only on demand (default 1)")  # fmt: skip
+    lora.add_argument("--pinned", action="store_true", help="apply: never evict placed copies")
+    lora.add_argument("--frontend", default=f"http://127.0.0.1:{env('DYN_HTTP_PORT', '8000')}",
+                      help="apply/delete: frontend URL (token: DYN_ADMIN_TOKEN)")  # fmt: skip
     models = commands.add_parser("models", help="list the models a frontend serves")
     models.add_argument("--url", default=f"http://127.0.0.1:{env('DYN_HTTP_PORT', '8000')}")
     return parser
+
+
+def _replicas(value: str) -> int | str:
+    if value == "all":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{value!r} is neither a number nor "all"') from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +91,22 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _lora(args: argparse.Namespace) -> int:
-    from launch.admin import discover, lora_command
+    from launch.admin import AdapterApply, apply_adapter, delete_adapter, discover, lora_command
 
+    if args.action == "apply":
+        if not (args.name and args.uri and args.base_model):
+            print("lorafleet lora apply needs a NAME, a URI and --base-model", file=sys.stderr)
+            return 2
+        adapter = AdapterApply(
+            name=args.name, uri=args.uri, base_model=args.base_model,
+            replicas=args.replicas, pinned=args.pinned,
+        )  # fmt: skip
+        return apply_adapter(args.frontend, adapter)
+    if args.action == "delete":
+        if not args.name:
+            print("lorafleet lora delete needs a NAME", file=sys.stderr)
+            return 2
+        return delete_adapter(args.frontend, args.name)
     if args.action in ("load", "unload") and not args.name:
         print(f"lorafleet lora {args.action} needs a NAME", file=sys.stderr)
         return 2

@@ -204,7 +204,10 @@ def _print_next_steps(
     etcd: LocalServer,
 ) -> None:
     etcdctl = Path(sys.executable).parent / "etcdctl"
-    chat = '{"model": "%s", "messages": [{"role": "user", "content": "Who are you?"}]}'
+    chat = (
+        '{"model": "%s", "messages": [{"role": "user", "content": "Who are you?"}], '
+        '"temperature": 0}'
+    )
     lines = [
         "",
         "lorafleet is up. Try:",

@@ -1,12 +1,17 @@
 """Every message that crosses a process boundary, as msgspec Structs; no I/O."""
 
 from proto.adapters import (
+    AdapterList,
     AdapterSpec,
+    AdapterStatus,
     LoadLoraRequest,
     LoraListResponse,
     LoraResponse,
     LoraSource,
     UnloadLoraRequest,
+    decode_adapter_spec,
+    encode_adapter_spec,
+    validate_adapter_spec,
     validate_lora_name,
 )
 from proto.discovery import (
@@ -82,9 +87,14 @@ from proto.placement import (
     chosen_instances,
     rendezvous_order,
 )
+from proto.uris import (
+    redact_uri,
+)
 
 __all__ = [
+    "AdapterList",
     "AdapterSpec",
+    "AdapterStatus",
     "CancelRequest",
     "CapacityError",
     "ChatChoice",
@@ -140,16 +150,20 @@ __all__ = [
     "Usage",
     "UsageInfo",
     "chosen_instances",
+    "decode_adapter_spec",
     "decode_card",
     "decode_chunk",
     "decode_instance",
     "decode_instance_message",
+    "encode_adapter_spec",
     "encode_msg",
     "encode_record",
     "error_from_info",
     "http_status",
     "lora_id",
     "lora_slug",
+    "redact_uri",
     "rendezvous_order",
+    "validate_adapter_spec",
     "validate_lora_name",
 ]

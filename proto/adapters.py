@@ -1,8 +1,9 @@
 """LoRA administration bodies: load, unload, list, and the fleet's desired state.
 
-The same Structs serve the worker's status server, the NATS update path and
-the CLI. :func:`validate_lora_name` is the one place that decides which names
-are acceptable.
+The same Structs serve the worker's status server, the NATS update path, the
+frontend's ``/v1/adapters`` and the CLI. :func:`validate_lora_name` is the one
+place that decides which names are acceptable, :func:`validate_adapter_spec`
+which desired states are.
 """
 
 from __future__ import annotations
@@ -15,17 +16,23 @@ import msgspec
 from proto.errors import InvalidRequestError
 
 __all__ = [
+    "AdapterList",
     "AdapterSpec",
+    "AdapterStatus",
     "LoadLoraRequest",
     "LoraListResponse",
     "LoraResponse",
     "LoraSource",
     "UnloadLoraRequest",
+    "decode_adapter_spec",
+    "encode_adapter_spec",
+    "validate_adapter_spec",
     "validate_lora_name",
 ]
 
 MAX_LORA_NAME_CHARS: Final = 256
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
 
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
@@ -72,6 +79,60 @@ class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     source: LoraSource
     replicas: int | Literal["all"] = 1
     pinned: bool = False
+
+
+class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
+    """An adapter's desired state (URI redacted) and where it is loaded now.
+
+    Answer of ``GET /v1/adapters/{name}`` and of ``POST /v1/adapters``.
+    """
+
+    instances: list[str] = msgspec.field(default_factory=list)
+    """Lower-case hex ids of the live instances that have the adapter's card."""
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """Why the adapter may not be served yet (e.g. no live instance serves its base model)."""
+
+
+class AdapterList(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer of ``GET /v1/adapters``: every desired adapter, sorted by name."""
+
+    data: list[AdapterStatus]
+    object: Literal["list"] = "list"
+
+
+_spec_decoder = msgspec.json.Decoder(AdapterSpec)
+
+
+def decode_adapter_spec(raw: bytes) -> AdapterSpec:
+    """Decode a desired-state record (raises msgspec errors on bad input)."""
+    return _spec_decoder.decode(raw)
+
+
+def encode_adapter_spec(spec: AdapterSpec) -> bytes:
+    """Encode a desired-state record as indented JSON, readable through ``etcdctl``."""
+    return msgspec.json.format(msgspec.json.encode(spec), indent=2)
+
+
+def validate_adapter_spec(spec: AdapterSpec) -> AdapterSpec:
+    """Return ``spec`` if it can be stored as desired state, else raise ``InvalidRequestError``."""
+    try:
+        validate_lora_name(spec.name, base_model=spec.base_model)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(exc.message.replace("lora_name", "name", 1)) from None
+    if not spec.base_model.strip():
+        raise InvalidRequestError(f"base_model of adapter {spec.name!r} must be non-empty")
+    if spec.replicas != "all" and spec.replicas < 0:
+        raise InvalidRequestError(
+            f"replicas of adapter {spec.name!r} is {spec.replicas}; use a number >= 0 "
+            '(0 loads it only on demand) or "all"'
+        )
+    scheme, sep, rest = spec.source.uri.partition("://")
+    if not sep or not rest or not _SCHEME.fullmatch(scheme):
+        raise InvalidRequestError(
+            f"source.uri of adapter {spec.name!r} is not a URI with a scheme; "
+            "use e.g. file:///path or s3://bucket/prefix"
+        )
+    return spec
 
 
 def validate_lora_name(name: str, *, base_model: str | None = None) -> str:

@@ -175,7 +175,11 @@ class CompletionResponse(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
-    """One entry of ``/v1/models``; vLLM's ``root`` and ``parent`` (an adapter's base)."""
+    """One entry of ``/v1/models``; vLLM's ``root`` and ``parent`` (an adapter's base).
+
+    ``loaded`` is lorafleet's: false for an adapter of the desired state that no
+    live instance has loaded yet (the first request loads it on demand).
+    """
 
     id: str
     created: int
@@ -183,6 +187,7 @@ class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    loaded: bool = True
     object: Literal["model"] = "model"
 
 

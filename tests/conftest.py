@@ -10,12 +10,16 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from discovery.client import EtcdClient, connect_etcd
 from launch.local_servers import LocalServer, start_etcd, start_nats
 from tests.containers import container_servers
+
+if TYPE_CHECKING:
+    from launch.demo_model import DemoModelPaths
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +64,14 @@ async def etcd(etcd_url: str) -> AsyncIterator[EtcdClient]:
     client = await connect_etcd(etcd_url)
     yield client
     await client.close()
+
+
+@pytest.fixture(scope="session")
+def demo(pytestconfig: pytest.Config) -> DemoModelPaths:
+    """The demo model, built once into the repository's ignored ``.lorafleet/`` (then cached)."""
+    from launch.demo_model import ensure_demo_model  # torch loads only for tests that need it
+
+    return ensure_demo_model(pytestconfig.rootpath / ".lorafleet" / "demo")
 
 
 @pytest.fixture

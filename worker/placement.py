@@ -12,30 +12,24 @@ import asyncio
 import contextlib
 from typing import Final
 
-import msgspec
 import structlog
 
 from discovery.client import EtcdClient
 from discovery.keys import adapters_prefix, card_prefix, parse_card_key
 from discovery.watch_cache import WatchCache
-from proto.adapters import AdapterSpec
+from proto.adapters import AdapterSpec, decode_adapter_spec
 from proto.discovery import ModelDeploymentCard, decode_card
 from proto.errors import LorafleetError
 from proto.placement import chosen_instances
 from worker.lora_controller import LoraController
 
-__all__ = ["Placement", "decode_spec"]
+__all__ = ["Placement"]
 
 log = structlog.get_logger(__name__)
 
 DEBOUNCE_S: Final = 0.05
 RECHECK_S: Final = 5.0
 """Re-run placement this often even without changes: retries failed loads, unloads idle ones."""
-
-
-def decode_spec(raw: bytes) -> AdapterSpec:
-    """Decode a desired-state record (raises msgspec errors on bad input)."""
-    return msgspec.json.decode(raw, type=AdapterSpec)
 
 
 class Placement:
@@ -58,6 +52,8 @@ class Placement:
         self._cards = cards
         self._idle_unload_s = idle_unload_s
         self._placed: set[str] = set()
+        self._on_demand: set[str] = set()
+        """Loaded here while desired but not placed here: loaded on a frontend's demand."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -73,7 +69,7 @@ class Placement:
         idle_unload_s: float,
     ) -> Placement:
         """Watch the desired state and the peers, and converge from now on."""
-        specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_spec)
+        specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
         cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
         placement = cls(
             controller=controller, instance_id=instance_id, base_model=base_model,
@@ -123,14 +119,17 @@ class Placement:
         self._controller.pinned = {name for name in mine if specs[name].pinned}
         for name in sorted(mine - self._controller.loaded.keys()):
             await self._load(specs[name])
+        self._on_demand &= self._controller.loaded.keys()  # evicted or unloaded meanwhile
         for name in sorted(self._controller.loaded.keys() - mine):
+            if name in specs and name not in self._placed:
+                self._on_demand.add(name)
             if self._should_unload(name, name in specs):
                 await self._unload(name)
 
     def _should_unload(self, name: str, desired: bool) -> bool:
         idle_s = self._controller.idle_s(name)
-        if name in self._placed:
-            return idle_s > 0  # placed here and no longer chosen: move it once it is idle
+        if name in self._placed or (name in self._on_demand and not desired):
+            return idle_s > 0  # no longer chosen, or deleted from the desired state: once idle
         return desired and idle_s > self._idle_unload_s  # on demand: keep while recently used
 
     async def _load(self, spec: AdapterSpec) -> None:
@@ -150,4 +149,5 @@ class Placement:
             log.warning("placement could not unload adapter", adapter=name, error=exc.message)
             return
         self._placed.discard(name)
+        self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)

@@ -1,11 +1,13 @@
 """HTTP controllers of the frontend, one per resource."""
 
+from frontend.controllers.adapters import AdaptersController
 from frontend.controllers.chat import ChatCompletionsController
 from frontend.controllers.completions import CompletionsController
 from frontend.controllers.models import ModelsController
 from frontend.controllers.system import SystemController
 
 __all__ = [
+    "AdaptersController",
     "ChatCompletionsController",
     "CompletionsController",
     "ModelsController",

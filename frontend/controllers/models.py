@@ -1,4 +1,8 @@
-"""``GET /v1/models``: every base model and adapter a live instance serves, once each."""
+"""``GET /v1/models``: every base model and adapter a live instance serves, and cold adapters.
+
+A cold adapter (desired, loaded nowhere, base model served) is listed with
+``loaded: false``: the first request for it loads it on demand.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,12 @@ from litestar.params import FromPath
 
 from frontend.controllers._responses import MODEL_ERRORS
 from frontend.errors import ModelNotFoundError
-from frontend.registry import ModelRegistry, ServedModel
+from frontend.registry import ServedModel
+from frontend.resolver import ColdAdapter, ModelResolver
 from proto.openai import ModelList, ModelObject
+from proto.uris import redact_uri
 
-__all__ = ["ModelsController", "model_object"]
+__all__ = ["ModelsController", "cold_model_object", "model_object"]
 
 
 def model_object(served: ServedModel) -> ModelObject:
@@ -25,16 +31,33 @@ def model_object(served: ServedModel) -> ModelObject:
     )
 
 
+def cold_model_object(cold: ColdAdapter) -> ModelObject:
+    """The entry of a cold adapter: ``loaded: false``, its base's ``created`` and length."""
+    return ModelObject(
+        id=cold.spec.name,
+        created=cold.base.created,
+        root=redact_uri(cold.spec.source.uri),
+        parent=cold.spec.base_model,
+        max_model_len=cold.base.card.context_length or None,
+        loaded=False,
+    )
+
+
 class ModelsController(Controller):
-    """OpenAI's models resource, built from etcd's cards and instance records."""
+    """OpenAI's models resource, built from etcd's cards, instances and desired adapters."""
 
     path = "/v1/models"
     tags = ["models"]
 
     @get("/", operation_id="listModels", summary="List served models")
-    async def list_models(self, registry: NamedDependency[ModelRegistry]) -> ModelList:
-        """Every served name, sorted; an adapter's ``parent`` is its base model."""
-        return ModelList(data=registry.each(model_object))
+    async def list_models(self, resolver: NamedDependency[ModelResolver]) -> ModelList:
+        """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
+        entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
+        cold = resolver.cold()
+        if cold:
+            entries += [cold_model_object(adapter) for adapter in cold]
+            entries.sort(key=lambda entry: entry.id)
+        return ModelList(data=entries)
 
     @get(
         "/{model_id:path}",
@@ -43,11 +66,14 @@ class ModelsController(Controller):
         responses=MODEL_ERRORS,
     )
     async def retrieve_model(
-        self, model_id: FromPath[str], registry: NamedDependency[ModelRegistry]
+        self, model_id: FromPath[str], resolver: NamedDependency[ModelResolver]
     ) -> ModelObject:
-        """One served model by name (names may contain ``/``)."""
+        """One served model or cold adapter by name (names may contain ``/``)."""
         name = model_id.lstrip("/")
-        served = registry.get(name)
-        if served is None:
-            raise ModelNotFoundError(name, registry.names())
-        return model_object(served)
+        served = resolver.registry.get(name)
+        if served is not None:
+            return model_object(served)
+        for cold in resolver.cold():
+            if cold.spec.name == name:
+                return cold_model_object(cold)
+        raise ModelNotFoundError(name, resolver.names())

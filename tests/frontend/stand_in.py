@@ -2,8 +2,9 @@
 
 It serves the request plane like a worker (``TokenChunk``s then a ``FinalChunk``)
 but can also stay mute, fail, or go slowly, so the frontend's failure paths
-can be driven exactly. The real worker (``python -m worker``) is used by the
-end-to-end tests.
+can be driven exactly. With ``answer_loads`` it serves ``update/load_lora`` by
+publishing the adapter's card (otherwise it never answers updates). The real
+worker (``python -m worker``) is used by the end-to-end tests.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from proto.inference import (
     PingRequest,
     TokenChunk,
     UpdateReply,
+    UpdateRequest,
     Usage,
     decode_instance_message,
     encode_msg,
@@ -63,6 +65,7 @@ class StandInWorker:
         token_delay_s: float = 0.0,
         error: ErrorInfo | None = None,
         context_length: int = 2048,
+        answer_loads: bool = False,
     ) -> None:
         self.nats_url = nats_url
         self.etcd = etcd
@@ -73,6 +76,8 @@ class StandInWorker:
         self.token_delay_s = token_delay_s
         self.error = error or ErrorInfo(code="internal_error", message="engine exploded")
         self.context_length = context_length
+        self.answer_loads = answer_loads
+        self.loads: list[str] = []
         self.generated: list[GenerateRequest] = []
         self.cancelled: list[str] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -132,11 +137,21 @@ class StandInWorker:
             task = self._tasks.pop(message.request_id, None)
             if task is not None:
                 task.cancel()
+        elif isinstance(message, UpdateRequest) and self.answer_loads:
+            await self._load(message.body["lora_name"], msg.reply)
         elif isinstance(message, GenerateRequest):
             self.generated.append(message)
             task = asyncio.create_task(self._generate(message, msg.reply))
             self._tasks[message.request_id] = task
             task.add_done_callback(lambda _: self._tasks.pop(message.request_id, None))
+
+    async def _load(self, name: str, reply: str) -> None:
+        """Publish ``name``'s card, then answer success, as the real lifecycle does."""
+        self.loads.append(name)
+        ids = (self.namespace, COMPONENT, ENDPOINT, self.instance_id)
+        await self.lease.put(lora_card_key(*ids, lora_slug(name)), encode_record(self.card(name)))
+        body = {"status": "success", "lora_name": name, "lora_id": lora_id(name)}
+        await self.nc.publish(reply, encode_msg(UpdateReply(body=body)))
 
     async def _generate(self, request: GenerateRequest, reply: str) -> None:
         if self.behaviour is Behaviour.FAIL:

@@ -70,3 +70,13 @@ def test_inflight_counts_return_to_zero() -> None:
 def test_unknown_router_name_lists_the_choices() -> None:
     with pytest.raises(ValueError, match="round-robin, least-inflight"):
         make_router("random")
+
+
+def test_adapters_go_to_the_least_busy_instance_whatever_the_router() -> None:
+    instances = _instances(3)
+    router = RoundRobinRouter()
+    router.started(1)
+    router.started(3)
+    picks = {router.pick_least_inflight("pirate", instances).instance_id for _ in range(6)}
+    assert picks == {2}
+    assert router.pick_least_inflight("pirate", instances, exclude={2}).instance_id in {1, 3}

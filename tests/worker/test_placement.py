@@ -56,13 +56,13 @@ async def _holders(etcd, namespace: str) -> tuple[dict[str, set[int]], set[int]]
     return dict(holders), bases
 
 
-async def _converged(etcd, namespace: str, timeout_s: float) -> dict[str, set[int]]:
-    """Wait until every adapter is on exactly the 2 instances placement chooses."""
+async def _converged(etcd, namespace: str, timeout_s: float, instances: int) -> dict[str, set[int]]:
+    """Wait until ``instances`` live instances hold every adapter exactly where placement says."""
     async with asyncio.timeout(timeout_s):
         while True:
             holders, bases = await _holders(etcd, namespace)
             expected = {name: set(chosen_instances(name, 2, bases)) for name in NAMES}
-            if holders == expected:
+            if len(bases) == instances and holders == expected:
                 return holders
             await asyncio.sleep(0.1)
 
@@ -82,21 +82,22 @@ async def test_fleet_places_each_adapter_on_two_instances_and_heals(
     fleet_worker, specs, etcd, namespace
 ):
     workers = [await asyncio.to_thread(fleet_worker) for _ in range(3)]
-    placed = await _converged(etcd, namespace, timeout_s=20)
+    placed = await _converged(etcd, namespace, timeout_s=20, instances=3)
     assert all(len(where) == 2 for where in placed.values())
 
     workers[0].kill()
-    await _converged(etcd, namespace, timeout_s=TTL_S + 2)
+    await _converged(etcd, namespace, timeout_s=TTL_S + 2, instances=2)
 
-    newcomer = await asyncio.to_thread(fleet_worker)
-    before, _ = await _holders(etcd, namespace)
-    after = await _converged(etcd, namespace, timeout_s=20)
-    _, bases = await _holders(etcd, namespace)
-    newcomer_id = max(bases - set().union(*before.values()), default=None)
+    before, bases_before = await _holders(etcd, namespace)
+    workers.append(await asyncio.to_thread(fleet_worker))
+    after = await _converged(etcd, namespace, timeout_s=20, instances=3)
+    _, bases_after = await _holders(etcd, namespace)
+    (newcomer_id,) = bases_after - bases_before
     moved = [name for name in NAMES if before[name] != after[name]]
     assert all(newcomer_id in after[name] for name in moved)
+    assert all(len(before[name] - after[name]) == 1 for name in moved)  # one copy moved, not two
 
     await asyncio.to_thread(workers[1].terminate)
     workers[1] = await asyncio.to_thread(fleet_worker)  # restarted: reloads its share by itself
-    await _converged(etcd, namespace, timeout_s=20)
-    await _assert_invariant_everywhere([workers[1], workers[2], newcomer], etcd, namespace)
+    await _converged(etcd, namespace, timeout_s=20, instances=3)
+    await _assert_invariant_everywhere(workers[1:], etcd, namespace)

@@ -1,0 +1,154 @@
+"""``/v1/adapters``: write and read the fleet's desired adapters (``v1/adapters/{ns}/{slug}``).
+
+Workers place what is written here among themselves; this controller only
+stores it and reports where each adapter is loaded now (from the cards).
+``POST`` and ``DELETE`` need the ``DYN_ADMIN_TOKEN`` bearer token when one is set.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from litestar import Controller, Response, delete, get, post
+from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, JSONBody
+
+from frontend.admin_auth import require_admin_token
+from frontend.desired_state import DesiredState
+from frontend.errors import MAX_NAMES_IN_MESSAGE
+from frontend.registry import ModelRegistry
+from proto.adapters import (
+    AdapterList,
+    AdapterSpec,
+    AdapterStatus,
+    LoraSource,
+    validate_adapter_spec,
+)
+from proto.errors import ConflictError, NotFoundError
+from proto.openai import OpenAIErrorResponse
+from proto.uris import redact_uri
+
+__all__ = ["AdaptersController", "adapter_status"]
+
+
+def _error(description: str) -> ResponseSpec:
+    return ResponseSpec(data_container=OpenAIErrorResponse, description=description)
+
+
+WRITE_ERRORS: Final = {
+    400: _error("Invalid spec; the message names the field"),
+    401: _error("DYN_ADMIN_TOKEN is set and the bearer token is missing or wrong"),
+    409: _error("The name is a base model's name"),
+    503: _error("etcd is unavailable"),
+}
+NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
+
+
+def adapter_status(
+    spec: AdapterSpec, registry: ModelRegistry, warnings: list[str] | None = None
+) -> AdapterStatus:
+    """``spec`` with its URI redacted and the hex ids of the live instances that have it."""
+    served = registry.get(spec.name)
+    holders = served.instances if served is not None and served.parent is not None else ()
+    return AdapterStatus(
+        name=spec.name, base_model=spec.base_model,
+        source=LoraSource(uri=redact_uri(spec.source.uri)),
+        replicas=spec.replicas, pinned=spec.pinned,
+        instances=[f"{instance.instance_id:x}" for instance in holders], warnings=warnings or [],
+    )  # fmt: skip
+
+
+def _check_against_served(spec: AdapterSpec, registry: ModelRegistry) -> list[str]:
+    """Refuse a name that a base model uses; warn when nothing serves the base model."""
+    same_name = registry.get(spec.name)
+    if same_name is not None and same_name.parent is None:
+        raise ConflictError(f"name {spec.name!r} is a base model that live instances serve")
+    base = registry.get(spec.base_model)
+    if base is None or base.parent is not None:
+        return [
+            f"no live instance serves base model {spec.base_model!r} now; the adapter is "
+            "placed (or loaded on demand) once one does"
+        ]
+    return []
+
+
+class AdaptersController(Controller):
+    """The fleet's desired adapters: apply, list, describe, delete."""
+
+    path = "/v1/adapters"
+    tags = ["adapters"]
+
+    @post(
+        "/",
+        operation_id="applyAdapter",
+        summary="Create or update an adapter's desired state",
+        description="201 when the stored state changed, 200 when it already was exactly this.",
+        guards=[require_admin_token],
+        responses=WRITE_ERRORS,
+    )
+    async def apply(
+        self,
+        data: JSONBody[AdapterSpec],
+        desired: NamedDependency[DesiredState],
+        registry: NamedDependency[ModelRegistry],
+    ) -> Response[AdapterStatus]:
+        """Validate and store ``data`` as desired state (persistent, no lease)."""
+        spec = validate_adapter_spec(data)
+        warnings = _check_against_served(spec, registry)
+        changed = await desired.apply(spec)
+        return Response(
+            adapter_status(spec, registry, warnings), status_code=201 if changed else 200
+        )
+
+    @get("/", operation_id="listAdapters", summary="List desired adapters and where they are")
+    async def list_adapters(
+        self, desired: NamedDependency[DesiredState], registry: NamedDependency[ModelRegistry]
+    ) -> AdapterList:
+        """Every desired adapter by name, with the instances that have it loaded now."""
+        return AdapterList(data=[adapter_status(spec, registry) for spec in desired.specs()])
+
+    @get(
+        "/{name:path}",
+        operation_id="getAdapter",
+        summary="Describe one desired adapter",
+        responses=NOT_FOUND,
+    )
+    async def get_adapter(
+        self,
+        name: FromPath[str],
+        desired: NamedDependency[DesiredState],
+        registry: NamedDependency[ModelRegistry],
+    ) -> AdapterStatus:
+        """One desired adapter (names may contain ``/``)."""
+        return adapter_status(_desired_or_404(desired, name.lstrip("/")), registry)
+
+    @delete(
+        "/{name:path}",
+        operation_id="deleteAdapter",
+        summary="Remove an adapter from the desired state",
+        description="Workers unload the copies the fleet put there once they are idle.",
+        status_code=200,
+        guards=[require_admin_token],
+        responses={**NOT_FOUND, 401: WRITE_ERRORS[401]},
+    )
+    async def delete_adapter(
+        self,
+        name: FromPath[str],
+        desired: NamedDependency[DesiredState],
+        registry: NamedDependency[ModelRegistry],
+    ) -> AdapterStatus:
+        """Delete the desired state of ``name``; answers what was deleted."""
+        name = name.lstrip("/")
+        spec = _desired_or_404(desired, name)
+        if not await desired.delete(name):
+            raise NotFoundError(f"adapter {name!r} is not in the desired state")
+        return adapter_status(spec, registry)
+
+
+def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
+    spec = desired.get(name)
+    if spec is None:
+        known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
+        raise NotFoundError(f"adapter {name!r} is not in the desired state; desired: {known}")
+    return spec

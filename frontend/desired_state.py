@@ -1,0 +1,95 @@
+"""The fleet's desired adapters of one namespace: read from a watch cache, written to etcd.
+
+Records live at ``v1/adapters/{namespace}/{lora_slug(name)}`` without a lease
+(they outlive every process). Reads never touch etcd; writes wait until this
+frontend's own cache shows them, so a request right after ``POST /v1/adapters``
+already finds the adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final
+
+import structlog
+
+from discovery.client import EtcdClient
+from discovery.keys import adapter_key, adapters_prefix
+from discovery.watch_cache import WatchCache
+from proto.adapters import AdapterSpec, decode_adapter_spec, encode_adapter_spec
+from proto.naming import lora_slug
+
+__all__ = ["DesiredState"]
+
+log = structlog.get_logger(__name__)
+
+CACHE_SYNC_TIMEOUT_S: Final = 5.0
+"""How long a write waits for this frontend's cache to show it before answering anyway."""
+
+
+class DesiredState:
+    """Desired adapter specs by name, following ``adapters_prefix(namespace)``."""
+
+    def __init__(self, etcd: EtcdClient, namespace: str, cache: WatchCache[AdapterSpec]) -> None:
+        self._etcd = etcd
+        self.namespace = namespace
+        self.cache = cache
+
+    @classmethod
+    async def start(cls, etcd: EtcdClient, namespace: str) -> DesiredState:
+        """List the desired state now (raises ``EtcdUnavailableError``) and follow it."""
+        cache = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
+        return cls(etcd, namespace, cache)
+
+    async def aclose(self) -> None:
+        """Stop following etcd."""
+        await self.cache.aclose()
+
+    def key(self, name: str) -> str:
+        """The etcd key of adapter ``name`` (its slug: names may contain ``/``)."""
+        return adapter_key(self.namespace, lora_slug(name))
+
+    def get(self, name: str) -> AdapterSpec | None:
+        """The desired spec of adapter ``name``, or None."""
+        spec = self.cache.items.get(self.key(name))
+        return spec if spec is not None and spec.name == name else None
+
+    def specs(self) -> list[AdapterSpec]:
+        """Every desired spec, sorted by name."""
+        return sorted(self.cache.items.values(), key=lambda spec: spec.name)
+
+    async def apply(self, spec: AdapterSpec) -> bool:
+        """Store ``spec``; returns False when etcd already held exactly this spec."""
+        key = self.key(spec.name)
+        with self._etcd.errors("get", key):
+            current = await self._etcd.get(key.encode())
+        if current is not None and _decodes_to(current.value, spec):
+            return False
+        with self._etcd.errors("put", key):
+            await self._etcd.put(key.encode(), encode_adapter_spec(spec))
+        log.info("desired adapter stored", adapter=spec.name, base_model=spec.base_model,
+                 replicas=spec.replicas, pinned=spec.pinned)  # fmt: skip
+        await self._wait_for(key, spec)
+        return True
+
+    async def delete(self, name: str) -> bool:
+        """Remove adapter ``name`` from the desired state; False if it was not there."""
+        key = self.key(name)
+        with self._etcd.errors("delete", key):
+            deleted = await self._etcd.delete(key.encode())
+        if deleted is None:
+            return False
+        log.info("desired adapter deleted", adapter=name)
+        await self._wait_for(key, None)
+        return True
+
+    async def _wait_for(self, key: str, spec: AdapterSpec | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self.cache.wait_until(lambda items: items.get(key) == spec, CACHE_SYNC_TIMEOUT_S)
+
+
+def _decodes_to(raw: bytes, spec: AdapterSpec) -> bool:
+    try:
+        return decode_adapter_spec(raw) == spec
+    except ValueError:  # msgspec's errors derive from ValueError: a broken record is replaced
+        return False

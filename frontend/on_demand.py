@@ -1,0 +1,184 @@
+"""Load a desired adapter that no live instance has, where placement ranks first, once.
+
+The instances serving the adapter's base model are tried in rendezvous order
+(the order every worker's placement uses) with the lifecycle's ``load_lora``
+over NATS. Concurrent requests for the same cold adapter share one load; the
+load runs in its own task, so a client that gives up does not cancel it. The
+answer is the served model once this frontend's registry shows the new card.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+import structlog
+
+from frontend.dispatcher import DispatchSettings
+from frontend.errors import (
+    BaseModelUnavailableError,
+    InstanceLostError,
+    LoadTimeoutError,
+    WorkerError,
+)
+from frontend.metrics import FrontendMetrics
+from frontend.registry import ModelRegistry, ServedModel
+from frontend.request_plane import Reply, RequestPlane, is_no_responders
+from proto.adapters import AdapterSpec, LoadLoraRequest
+from proto.discovery import Instance
+from proto.errors import HTTP_STATUS_BY_CODE, ErrorInfo, LorafleetError, error_from_info
+from proto.inference import UpdateReply, UpdateRequest
+from proto.placement import rendezvous_order
+
+__all__ = ["LOAD_UPDATE", "OnDemandLoader", "TRY_NEXT_CODES"]
+
+log = structlog.get_logger(__name__)
+
+LOAD_UPDATE: Final = "update/load_lora"
+TRY_NEXT_CODES: Final = frozenset({"capacity", "not_found", "unavailable"})
+"""Load failures another instance may not have: full, no LoRA management, starting up."""
+_CODE_BY_STATUS: Final = {status: code for code, status in HTTP_STATUS_BY_CODE.items()}
+
+
+class OnDemandLoader:
+    """Single-flight on-demand loads of desired adapters, bounded by ``timeout_s``."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        plane: RequestPlane,
+        metrics: FrontendMetrics,
+        *,
+        timeout_s: float,
+        settings: DispatchSettings | None = None,
+    ) -> None:
+        self._registry = registry
+        self._plane = plane
+        self._metrics = metrics
+        self.timeout_s = timeout_s
+        self._settings = settings or DispatchSettings()
+        self._loads: dict[str, asyncio.Task[ServedModel]] = {}
+
+    async def load(self, spec: AdapterSpec) -> ServedModel:
+        """The served adapter after loading it; joins a load of the same name in progress."""
+        task = self._loads.get(spec.name)
+        if task is None:
+            task = asyncio.create_task(self._timed_load(spec), name=f"load {spec.name}")
+            self._loads[spec.name] = task
+            task.add_done_callback(self._forget(spec.name))
+        return await asyncio.shield(task)
+
+    async def aclose(self) -> None:
+        """Cancel the loads in progress (their workers finish or roll back by themselves)."""
+        tasks = list(self._loads.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def loading(self) -> list[str]:
+        """Names of the adapters being loaded right now."""
+        return sorted(self._loads)
+
+    def _forget(self, name: str) -> Callable[[asyncio.Task[ServedModel]], None]:
+        def forget(task: asyncio.Task[ServedModel]) -> None:
+            if self._loads.get(name) is task:
+                del self._loads[name]
+            if not task.cancelled():
+                task.exception()  # retrieved: a load nobody waits for any more logs no warning
+
+        return forget
+
+    async def _timed_load(self, spec: AdapterSpec) -> ServedModel:
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._load_somewhere(spec)
+        except TimeoutError as exc:
+            outcome = "timeout"
+            raise LoadTimeoutError(spec.name, self.timeout_s) from exc
+        except LorafleetError as exc:
+            outcome = _code(exc)
+            raise
+        finally:
+            elapsed_s = time.perf_counter() - started
+            self._metrics.on_demand_load(outcome, elapsed_s)
+            log.info("on-demand load", adapter=spec.name, outcome=outcome, seconds=elapsed_s)
+
+    async def _load_somewhere(self, spec: AdapterSpec) -> ServedModel:
+        """Try the base model's instances in rendezvous order until one loads the adapter."""
+        base = self._registry.get(spec.base_model)
+        if base is None or base.parent is not None:
+            raise BaseModelUnavailableError(spec.name, spec.base_model)
+        by_id = {instance.instance_id: instance for instance in base.instances}
+        last: LorafleetError | None = None
+        for instance_id in rendezvous_order(spec.name, by_id):
+            try:
+                await self._load_on(by_id[instance_id], spec)
+            except InstanceLostError as exc:
+                last = exc
+            except WorkerError as exc:
+                if exc.error.code not in TRY_NEXT_CODES:
+                    raise
+                last = exc
+            else:
+                return await self._served_on(spec.name, instance_id)
+            log.info("on-demand load goes to the next instance", adapter=spec.name,
+                     instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
+        raise last or BaseModelUnavailableError(spec.name, spec.base_model)
+
+    async def _load_on(self, instance: Instance, spec: AdapterSpec) -> None:
+        """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""
+        body = msgspec.to_builtins(LoadLoraRequest(lora_name=spec.name, source=spec.source))
+        reply = await self._plane.open(instance.subject, UpdateRequest(name=LOAD_UPDATE, body=body))
+        try:
+            answer = await self._answer(instance, reply)
+        finally:
+            reply.close()
+        if answer.status_code != 200:
+            raise WorkerError(instance.instance_id, _error_of(answer))
+
+    async def _answer(self, instance: Instance, reply: Reply) -> UpdateReply:
+        """Wait for the update's answer, pinging the instance whenever it is silent."""
+        settings = self._settings
+        while True:
+            msg = await reply.next(settings.stall_s)
+            if msg is None:
+                if not await self._plane.ping(instance.subject, settings.ping_timeout_s):
+                    raise InstanceLostError(instance.instance_id, "it stopped answering")
+                continue
+            if is_no_responders(msg):
+                raise InstanceLostError(instance.instance_id, "no responder on its subject")
+            try:
+                return msgspec.msgpack.decode(msg.data, type=UpdateReply)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise InstanceLostError(instance.instance_id, f"undecodable reply: {exc}") from exc
+
+    async def _served_on(self, name: str, instance_id: int) -> ServedModel:
+        """Wait until the registry shows ``name``'s card on ``instance_id`` (the worker put it)."""
+
+        def shown(_cards: object) -> bool:
+            served = self._registry.get(name)
+            return served is not None and any(
+                instance.instance_id == instance_id for instance in served.instances
+            )
+
+        await self._registry.card_cache.wait_until(shown, self.timeout_s)
+        served = self._registry.get(name)
+        assert served is not None
+        return served
+
+
+def _error_of(answer: UpdateReply) -> LorafleetError:
+    body = answer.body
+    code = str(body.get("code") or _CODE_BY_STATUS.get(answer.status_code, "upstream_error"))
+    message = str(body.get("message") or f"load_lora answered HTTP {answer.status_code}")
+    return error_from_info(ErrorInfo(code=code, message=message))
+
+
+def _code(exc: LorafleetError) -> str:
+    return exc.error.code if isinstance(exc, WorkerError) else exc.code

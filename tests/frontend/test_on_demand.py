@@ -1,0 +1,247 @@
+"""On-demand loading and affinity with real mocker workers (``python -m worker``).
+
+The frontend runs in the test's event loop on a real port; workers are real
+processes with LoRA management on. Loads are counted where they happen, at
+the worker (``lorafleet_worker_adapter_operations_total``), and after every
+scenario each worker's cards in etcd must equal what its engine has loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from frontend.config import FrontendConfig
+from proto.discovery import decode_card
+from proto.placement import rendezvous_order
+from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
+from tests.frontend.stand_in import StandInWorker
+from tests.processes import ServiceProcess, start_worker
+from tests.worker.adapters import make_adapter_dir
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "tell me a story"
+
+
+@pytest.fixture
+def lora_workers(
+    tmp_path: Path, etcd_url: str, nats_url: str, namespace: str
+) -> Iterator[Callable[..., list[ServiceProcess]]]:
+    """Start ``count`` mocker workers of ``demo`` with LoRA on, in parallel; all are killed."""
+    started: list[ServiceProcess] = []
+
+    def start(count: int, *args: str) -> list[ServiceProcess]:
+        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+        argv = ("--engine", "mocker", "--enable-lora", *args)
+        where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
+        batch = [
+            start_worker(tmp_path, **where, args=argv, env=env, wait=False) for _ in range(count)
+        ]
+        started.extend(batch)
+        for worker in batch:
+            worker.wait_ready()
+        return batch
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def _uri(tmp_path: Path, name: str) -> str:
+    return f"file://{make_adapter_dir(tmp_path / 'adapters', name)}"
+
+
+async def _apply(http: httpx.AsyncClient, name: str, uri: str, **fields: object) -> None:
+    body = {"name": name, "base_model": "demo", "source": {"uri": uri}, "replicas": 0, **fields}
+    response = await http.post("/v1/adapters", json=body)
+    assert response.status_code == 201, response.text
+
+
+async def _complete(http: httpx.AsyncClient, model: str) -> httpx.Response:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 2}
+    return await http.post("/v1/completions", json=body, timeout=30)
+
+
+async def _text(http: httpx.AsyncClient, model: str, *, stream: bool) -> str:
+    """The completion's text, whole or gathered from its SSE events."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "stream": stream}
+    answer = await http.post("/v1/completions", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    if not stream:
+        return str(answer.json()["choices"][0]["text"])
+    events = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return "".join(json.loads(event)["choices"][0]["text"] for event in events[:-1])
+
+
+def _metric(worker: ServiceProcess, pattern: str) -> float:
+    found = re.search(pattern + r" (\S+)", httpx.get(f"{worker.url}/metrics").text)
+    return float(found.group(1)) if found else 0.0
+
+
+def _loads(worker: ServiceProcess) -> float:
+    return _metric(
+        worker,
+        r'lorafleet_worker_adapter_operations_total\{operation="load",outcome="ok"\}',
+    )
+
+
+def _served(worker: ServiceProcess, model: str) -> float:
+    return _metric(worker, rf'lorafleet_worker_requests_total\{{model="{model}",outcome="ok"\}}')
+
+
+def _instance_id(worker: ServiceProcess) -> int:
+    return int(httpx.get(f"{worker.url}/health").json()["instance_id"], 16)
+
+
+def _loaded(worker: ServiceProcess) -> set[str]:
+    reply = httpx.post(f"{worker.url}/engine/update/list_loras", json={})
+    return set(reply.json()["loras"])
+
+
+async def _assert_cards_match_engines(workers, etcd, namespace: str) -> None:
+    """The lifecycle's invariant on every worker: a card exists exactly when loaded."""
+    carded: dict[int, set[str]] = {}
+    for kv in await etcd.get_prefix(f"v1/mdc/{namespace}/".encode()):
+        card = decode_card(kv.value)
+        if card.lora is not None:
+            carded.setdefault(int(kv.key.decode().split("/")[5], 16), set()).add(card.lora.name)
+    for worker in workers:
+        assert carded.get(_instance_id(worker), set()) == _loaded(worker), worker.url
+
+
+async def test_twenty_first_requests_cause_one_load_where_placement_ranks_first(
+    lora_workers, frontend, etcd, namespace, tmp_path
+) -> None:
+    workers = await asyncio.to_thread(lora_workers, 2)
+    await wait_for_models(frontend, {"demo"})
+    await _apply(frontend.http, "pirate", _uri(tmp_path, "pirate"))
+
+    answers = await asyncio.gather(*(_complete(frontend.http, "pirate") for _ in range(20)))
+
+    assert [a.status_code for a in answers] == [200] * 20
+    assert {a.json()["choices"][0]["text"] for a in answers} == {"pirate:0 pirate:1 "}
+    assert sum(_loads(worker) for worker in workers) == 1
+    by_id = {_instance_id(worker): worker for worker in workers}
+    first = by_id[rendezvous_order("pirate", by_id)[0]]
+    assert _loaded(first) == {"pirate"}
+    assert _served(first, "pirate") == 20  # affinity: only the instance that has it
+    status = (await frontend.http.get("/v1/adapters/pirate")).json()
+    assert status["instances"] == [f"{_instance_id(first):x}"]
+    models = {m["id"]: m for m in (await frontend.http.get("/v1/models")).json()["data"]}
+    assert models["pirate"]["loaded"] is True
+    await _assert_cards_match_engines(workers, etcd, namespace)
+
+    assert (await frontend.http.delete("/v1/adapters/pirate")).status_code == 200
+    await wait_for_models(frontend, {"demo"})  # the worker unloads the on-demand copy
+    assert (await _complete(frontend.http, "pirate")).status_code == 404
+    await _assert_cards_match_engines(workers, etcd, namespace)
+
+
+async def test_two_slots_three_adapters_in_turn_evict_the_least_recently_used(
+    lora_workers, frontend, etcd, namespace, tmp_path
+) -> None:
+    (worker,) = await asyncio.to_thread(lora_workers, 1, "--max-loras", "2")
+    await wait_for_models(frontend, {"demo"})
+    names = ["alpha", "beta", "gamma"]
+    for name in names:
+        await _apply(frontend.http, name, _uri(tmp_path, name))
+
+    texts = [(await _complete(frontend.http, name)).json()["choices"][0]["text"] for name in names]
+    assert texts == [f"{name}:0 {name}:1 " for name in names]
+    assert _loaded(worker) == {"beta", "gamma"}  # alpha was the least recently used
+
+    for turn, name in enumerate(names * 2):
+        assert await _text(frontend.http, name, stream=turn % 2 == 1) == f"{name}:0 {name}:1 "
+    assert _loads(worker) == 9  # each one was evicted before its turn came again
+    assert len(_loaded(worker)) == 2
+    await _assert_cards_match_engines([worker], etcd, namespace)
+
+
+async def test_a_failed_load_answers_the_worker_s_error(
+    lora_workers, frontend, etcd, namespace, tmp_path
+) -> None:
+    (worker,) = await asyncio.to_thread(lora_workers, 1, "--max-loras", "1")
+    await _apply(frontend.http, "keeper", _uri(tmp_path, "keeper"), replicas=1, pinned=True)
+    await wait_for_models(frontend, {"demo", "keeper"})  # placed, pinned: never evicted
+    await _apply(frontend.http, "other", _uri(tmp_path, "other"))
+    await _apply(frontend.http, "ghost", "file:///nonexistent/ghost")
+
+    full = await _complete(frontend.http, "other")
+    assert full.status_code == 429
+    assert full.json()["error"]["code"] == "capacity"
+    assert "pinned or busy" in full.json()["error"]["message"]
+    missing = await _complete(frontend.http, "ghost")
+    assert missing.status_code == 404, missing.text
+    assert "no such file or directory" in missing.json()["error"]["message"]
+    assert (await _complete(frontend.http, "keeper")).status_code == 200
+    await _assert_cards_match_engines([worker], etcd, namespace)
+
+
+async def test_a_load_that_never_answers_times_out_with_503(
+    workers, nats_url, etcd, namespace, etcd_url
+) -> None:
+    mute_to_updates = await StandInWorker(nats_url, etcd, namespace, "demo").start()
+    workers.append(mute_to_updates)  # answers pings, never load_lora
+    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+                            dispatch=FAST_DISPATCH, on_demand_timeout_s=0.5)  # fmt: skip
+    async with run_frontend(config) as running:
+        await wait_for_models(running, {"demo"})
+        await _apply(running.http, "slowpoke", "file:///adapters/slowpoke")
+        answers = await asyncio.gather(*(_complete(running.http, "slowpoke") for _ in range(3)))
+        assert [a.status_code for a in answers] == [503] * 3
+        assert "not loaded within 0.5 s" in answers[0].json()["error"]["message"]
+        metrics = (await running.http.get("/metrics")).text
+        assert 'lorafleet_frontend_on_demand_loads_total{outcome="timeout"} 1.0' in metrics
+
+
+async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
+    workers, nats_url, etcd, namespace, frontend
+) -> None:
+    pair = [
+        await StandInWorker(
+            nats_url, etcd, namespace, "demo", adapters=("pirate",), token_delay_s=0.05
+        ).start()
+        for _ in range(2)
+    ]
+    workers.extend(pair)
+    await wait_for_models(frontend, {"demo", "pirate"})
+    body = {"model": "pirate", "prompt": "x", "max_tokens": 20}
+    slow = asyncio.create_task(frontend.http.post("/v1/completions", json=body))
+    while sum(len(worker.generated) for worker in pair) == 0:
+        await asyncio.sleep(0.01)
+    busy, idle = pair if pair[0].generated else pair[::-1]
+    for _ in range(4):  # round robin (the default router) would send two of them to ``busy``
+        answer = await frontend.http.post("/v1/completions", json={**body, "max_tokens": 1})
+        assert answer.status_code == 200
+    assert (len(busy.generated), len(idle.generated)) == (1, 4)
+    assert (await slow).status_code == 200
+
+
+async def test_an_adapter_whose_only_instance_died_is_loaded_again_elsewhere(
+    workers, nats_url, etcd, namespace, frontend
+) -> None:
+    dead, alive = [
+        await StandInWorker(
+            nats_url, etcd, namespace, "demo", adapters=adapters, answer_loads=True
+        ).start()
+        for adapters in (("pirate",), ())
+    ]
+    workers.extend([dead, alive])
+    await _apply(frontend.http, "pirate", "file:///a/pirate")
+    await wait_for_models(frontend, {"demo", "pirate"})
+    await dead.stop(retract=False)  # crashed: its cards stay until the lease expires
+
+    for stream in (False, True):
+        body = {"model": "pirate", "prompt": "x", "max_tokens": 2, "stream": stream}
+        answer = await frontend.http.post("/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+    assert alive.loads == ["pirate"]
+    assert [request.model for request in alive.generated] == ["pirate", "pirate"]

@@ -1,0 +1,36 @@
+"""The hf and vllm engines give the same greedy answers on the demo model."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from launch._demo_corpus import ANSWERS
+from launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, DemoModelPaths
+from proto.naming import lora_id
+from tests.vllm.answers import answer, chat
+from tests.vllm.conftest import vllm_config
+from worker.engines.hf import HFEngine
+
+
+@pytest.fixture(scope="module")
+async def hf_engine(demo: DemoModelPaths) -> AsyncIterator[HFEngine]:
+    engine = HFEngine(vllm_config(demo))
+    await engine.start()
+    for name in ADAPTER_NAMES:
+        await engine.add_adapter(name, lora_id(name), demo.adapters[name])
+    yield engine
+    await engine.stop()
+
+
+@pytest.mark.parametrize("model", [DEMO_MODEL_NAME, *ADAPTER_NAMES])
+async def test_greedy_answers_of_hf_and_vllm_agree(
+    engine: Any, hf_engine: HFEngine, model: str
+) -> None:
+    for prompt in ANSWERS:
+        from_vllm = await answer(engine, chat(model, prompt))
+        from_hf = await answer(hf_engine, chat(model, prompt))
+        assert from_vllm.text == from_hf.text, prompt
+        assert from_vllm.final.usage == from_hf.final.usage, prompt

@@ -1,0 +1,75 @@
+"""The hf engine inside a real worker process: adapters loaded over HTTP, requests over NATS."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from proto.discovery import decode_instance
+from proto.inference import (
+    ChatMessage,
+    ErrorChunk,
+    FinalChunk,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+)
+from tests.processes import start_worker
+from tests.worker.streaming import stream
+
+pytestmark = pytest.mark.slow
+
+
+def _chat(model: str) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=f"chat-{model}",
+        model=model,
+        messages=[ChatMessage(role="user", content=EXPECTED_PROMPT)],
+        sampling=SamplingParams(max_tokens=64, temperature=0.0),
+    )
+
+
+def _text(chunks: list) -> str:
+    assert isinstance(chunks[-1], FinalChunk), chunks[-1]
+    return "".join(c.text for c in chunks if isinstance(c, TokenChunk))
+
+
+async def test_hf_worker_serves_base_and_adapters_it_loaded(
+    demo: DemoModelPaths,
+    tmp_path: Path,
+    etcd_url: str,
+    nats_url: str,
+    namespace: str,
+    etcd,
+    nc: nats.aio.client.Client,
+) -> None:
+    worker = start_worker(
+        tmp_path, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
+        model=str(demo.base),
+        args=("--engine", "hf", "--served-model-name", DEMO_MODEL_NAME, "--enable-lora"),
+        env={"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "loras")},
+    )  # fmt: skip
+    try:
+        (instance_kv,) = list(await etcd.get_prefix(f"v1/instances/{namespace}/".encode()))
+        subject = decode_instance(instance_kv.value).subject
+        async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+            for name, path in demo.adapters.items():
+                body = {"lora_name": name, "source": {"uri": f"file://{path}"}}
+                response = await client.post("/engine/update/load_lora", json=body)
+                assert response.status_code == 200, response.text
+            models = [DEMO_MODEL_NAME, "pirate", "robot"]
+            answers = await asyncio.gather(*(stream(nc, subject, _chat(m)) for m in models))
+            assert [_text(chunks) for chunks in answers] == [
+                EXPECTED["base"], EXPECTED["pirate"], EXPECTED["robot"]
+            ]  # fmt: skip
+            response = await client.post("/engine/update/unload_lora", json={"lora_name": "robot"})
+            assert response.status_code == 200, response.text
+        gone = await stream(nc, subject, _chat("robot"))
+        assert isinstance(gone[-1], ErrorChunk) and gone[-1].error.code == "not_found"
+    finally:
+        worker.terminate()

@@ -1,0 +1,95 @@
+"""What the vllm engine hands to vLLM, checked without vLLM installed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proto.errors import InvalidRequestError
+from proto.inference import SamplingParams
+from worker.engine import EngineConfig
+from worker.engines._vllm_settings import (
+    engine_kwargs,
+    finish_reason,
+    isolation_mode,
+    sampling_kwargs,
+    vllm_lora_rank,
+)
+
+
+def test_lora_settings_come_from_the_config_and_every_loaded_adapter_fits_the_cache() -> None:
+    kwargs = engine_kwargs(EngineConfig(model="m", enable_lora=True, max_loras=3, max_lora_rank=16))
+    assert kwargs["enable_lora"] is True
+    assert kwargs["max_loras"] == kwargs["max_cpu_loras"] == 3
+    assert kwargs["max_lora_rank"] == 16
+
+
+def test_without_lora_no_lora_settings_reach_vllm() -> None:
+    assert "enable_lora" not in engine_kwargs(EngineConfig(model="m"))
+
+
+def test_options_pass_through_and_override_except_lorafleets_own() -> None:
+    options = {"enforce_eager": True, "max_model_len": 128, "isolate_base_rows": False}
+    kwargs = engine_kwargs(EngineConfig(model="m", served_model_name="chat", options=options))
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["max_model_len"] == 128
+    assert kwargs["served_model_name"] == "chat"
+    assert "isolate_base_rows" not in kwargs
+
+
+def test_context_length_is_capped_at_what_a_local_model_allows(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    short = engine_kwargs(EngineConfig(model=str(tmp_path), context_length=256))
+    capped = engine_kwargs(EngineConfig(model=str(tmp_path), context_length=2048))
+    assert (short["max_model_len"], capped["max_model_len"]) == (256, 512)
+
+
+@pytest.mark.parametrize(("asked", "given"), [(1, 1), (4, 8), (8, 8), (64, 64), (100, 128)])
+def test_lora_rank_rounds_up_to_one_vllm_accepts(asked: int, given: int) -> None:
+    assert vllm_lora_rank(asked) == given
+
+
+def test_lora_rank_beyond_vllms_largest_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="1024"):
+        vllm_lora_rank(1024)
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [(None, "auto"), ("auto", "auto"), (True, "on"), (False, "off")]
+)
+def test_isolation_option_reads_auto_or_a_boolean(value: object, mode: str) -> None:
+    options = {} if value is None else {"isolate_base_rows": value}
+    assert isolation_mode(options) == mode
+
+
+def test_isolation_option_rejects_anything_else() -> None:
+    with pytest.raises(InvalidRequestError, match="isolate_base_rows"):
+        isolation_mode({"isolate_base_rows": "yes"})
+
+
+def test_sampling_settings_are_forwarded() -> None:
+    sampling = SamplingParams(max_tokens=7, temperature=0.0, top_p=0.9, stop=["!"], seed=3)
+    assert sampling_kwargs(sampling) == {
+        "max_tokens": 7, "temperature": 0.0, "top_p": 0.9, "stop": ["!"], "seed": 3,
+    }  # fmt: skip
+
+
+def test_zero_max_tokens_is_an_invalid_request() -> None:
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        sampling_kwargs(SamplingParams(max_tokens=0))
+
+
+@pytest.mark.parametrize(
+    ("vllm", "wire"),
+    [
+        ("stop", "stop"),
+        ("length", "length"),
+        ("abort", "cancelled"),
+        (None, "error"),
+        ("x", "error"),
+    ],
+)
+def test_finish_reasons_map_onto_the_wire(vllm: str | None, wire: str) -> None:
+    assert finish_reason(vllm) == wire

@@ -1,0 +1,207 @@
+"""The hf engine's running batch: rows of requests sharing one left-padded KV cache.
+
+Runs only on the engine's model thread. Each :meth:`DecodeBatch.step` drops
+finished rows, decodes one token for every running row, prefills newly
+admitted rows and merges them in, so requests join and leave at any step.
+Rows of different adapters (and the base model) share the batch through
+peft's ``adapter_names``.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+from transformers import DynamicCache
+
+from proto.inference import SamplingParams
+
+__all__ = ["BASE_ADAPTER", "DecodeBatch", "Row", "RowState", "sample_token"]
+
+BASE_ADAPTER: Final = "__base__"
+"""The name peft's mixed-batch inference gives rows that use no adapter."""
+
+ModelFn = Callable[..., Any]
+
+
+class RowState(enum.Enum):
+    """Where a request is: waiting for a slot, generating, or done (finished or cancelled)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(eq=False, kw_only=True)
+class Row:
+    """One request's part of the batch: prompt, sampling settings, tokens produced so far."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    adapter: str = BASE_ADAPTER
+    generator: torch.Generator | None = None
+    state: RowState = RowState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    """Pick the next token from one row's logits: greedy at temperature 0, else top-p sampling."""
+    if params.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p >= 1.0:
+        return int(torch.multinomial(probs, 1, generator=gen))
+    sorted_probs, order = probs.sort(descending=True)
+    kept = sorted_probs * ((sorted_probs.cumsum(-1) - sorted_probs) < params.top_p)
+    return int(order[torch.multinomial(kept, 1, generator=gen)])
+
+
+class DecodeBatch:
+    """Rows generating together; cache and mask are left-padded so every row ends at column T."""
+
+    def __init__(self, device: torch.device, pad_id: int) -> None:
+        self.rows: list[Row] = []
+        self._device = device
+        self._pad_id = pad_id
+        self._cache: DynamicCache | None = None
+        self._mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self._last = torch.zeros((0,), dtype=torch.long, device=device)
+
+    def step(self, model: ModelFn, admit: Sequence[Row], drop: Sequence[Row]) -> list[int]:
+        """Drop ``drop``, decode one token per kept row, then prefill ``admit``.
+
+        Returns one new token per row of :attr:`rows` (kept rows first, then admitted).
+        """
+        self.drop(drop)
+        with torch.inference_mode():
+            tokens = self._decode(model) if self.rows else []
+            if admit:
+                tokens += self._prefill(model, list(admit))
+        return tokens
+
+    def drop(self, rows: Sequence[Row]) -> None:
+        """Remove ``rows`` (those not in the batch are ignored) and trim shared left padding."""
+        gone = set(map(id, rows))
+        keep = [i for i, row in enumerate(self.rows) if id(row) not in gone]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.reset()
+            return
+        index = torch.tensor(keep, device=self._device)
+        self._mask, self._last = self._mask[index], self._last[index]
+        start = int((self._mask.sum(0) > 0).nonzero()[0])
+        self._mask = self._mask[:, start:]
+        self._cache = _rebuild(self._cache, lambda t: t[index][:, :, start:])
+
+    def reset(self) -> None:
+        """Forget every row and the cache (after a failed step)."""
+        self.rows = []
+        self._cache = None
+        self._mask = self._mask[:0, :0]
+        self._last = self._last[:0]
+
+    def _decode(self, model: ModelFn) -> list[int]:
+        ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self._device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        positions = self._mask.sum(-1, keepdim=True) - 1
+        logits = _forward(model, self._last[:, None], self._mask, positions, self._cache, self.rows)
+        return self._sample(logits, self.rows, into=0)
+
+    def _prefill(self, model: ModelFn, rows: list[Row]) -> list[int]:
+        width = max(len(row.prompt_ids) for row in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            mask[i, width - len(row.prompt_ids) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = _forward(model, ids, mask, positions, cache, rows)
+        # Padding columns hold garbage (maybe NaN); zero them so merged rows never see it.
+        cache = _rebuild(cache, lambda t: torch.where(mask[:, None, :, None] > 0, t, 0))
+        self._merge(cache, mask, rows)
+        return self._sample(logits, rows, into=len(self.rows) - len(rows))
+
+    def _merge(self, cache: DynamicCache, mask: torch.Tensor, rows: list[Row]) -> None:
+        if not self.rows or self._cache is None:
+            self._cache, self._mask, self.rows = cache, mask, list(rows)
+            self._last = torch.zeros(len(rows), dtype=torch.long, device=self._device)
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        self._cache = _concat(_left_pad(self._cache, width), _left_pad(cache, width))
+        self._mask = torch.cat([_pad_mask(self._mask, width), _pad_mask(mask, width)])
+        pad = torch.zeros(len(rows), dtype=torch.long, device=self._device)
+        self._last = torch.cat([self._last, pad])
+        self.rows += rows
+
+    def _sample(self, logits: torch.Tensor, rows: list[Row], into: int) -> list[int]:
+        last = logits[:, -1].float().cpu()
+        tokens = [sample_token(last[i], row.params, row.generator) for i, row in enumerate(rows)]
+        self._last[into : into + len(rows)] = torch.tensor(tokens, device=self._device)
+        return tokens
+
+
+def _forward(
+    model: ModelFn,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    cache: DynamicCache | None,
+    rows: Sequence[Row],
+) -> torch.Tensor:
+    """One forward pass returning the last position's logits; adds adapter names for peft."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs: dict[str, Any] = {_cache_kwarg(type(base)): cache}
+    if hasattr(model, "peft_config"):
+        kwargs["adapter_names"] = [row.adapter for row in rows]
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **kwargs,
+    )
+    return out.logits
+
+
+@functools.cache
+def _cache_kwarg(model_class: type) -> str:
+    """``cache`` in recent transformers, ``past_key_values`` before it."""
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _layers(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    assert cache is not None
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _rebuild(
+    cache: DynamicCache | None, fn: Callable[[torch.Tensor], torch.Tensor]
+) -> DynamicCache:
+    """A new cache with ``fn`` applied to every layer's keys and values ([B, H, T, D])."""
+    return DynamicCache(ddp_cache_data=[(fn(k), fn(v)) for k, v in _layers(cache)])
+
+
+def _left_pad(cache: DynamicCache, width: int) -> DynamicCache:
+    return _rebuild(cache, lambda t: torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0)))
+
+
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
+
+
+def _concat(first: DynamicCache, second: DynamicCache) -> DynamicCache:
+    pairs = zip(_layers(first), _layers(second), strict=True)
+    return DynamicCache(
+        ddp_cache_data=[(torch.cat([k1, k2]), torch.cat([v1, v2])) for (k1, v1), (k2, v2) in pairs]
+    )

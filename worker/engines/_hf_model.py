@@ -1,0 +1,107 @@
+"""The hf engine's model: tokenizer, base weights, and the one PeftModel that holds every adapter.
+
+Every method here blocks (disk, torch) and runs only on the engine's model
+thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from proto.errors import InvalidRequestError, UnavailableError
+
+__all__ = ["ModelHost"]
+
+log = structlog.get_logger(__name__)
+
+_DTYPES: Final = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _pick_device(option: str) -> torch.device:
+    if option == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(option)
+
+
+def _pick_dtype(option: str, device: torch.device) -> torch.dtype | str:
+    """float32 on CPU by default (fast and exact there), the checkpoint's dtype on a GPU."""
+    if option == "auto":
+        return "auto" if device.type != "cpu" else torch.float32
+    if option not in _DTYPES:
+        raise InvalidRequestError(f"hf engine: dtype {option!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[option]
+
+
+class ModelHost:
+    """Loads a causal LM and its tokenizer; adds and removes peft adapters in place."""
+
+    def __init__(
+        self, path: str, *, device: str = "auto", dtype: str = "auto", cpu_threads: int = 1
+    ) -> None:
+        self.device = _pick_device(device)
+        if self.device.type == "cpu":
+            # Small models gain nothing from intra-op threads, and on a busy machine
+            # OpenMP barriers make two threads tens of times slower than one.
+            torch.set_num_threads(cpu_threads)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.base = AutoModelForCausalLM.from_pretrained(
+                path, dtype=_pick_dtype(dtype, self.device)
+            )
+        except (OSError, ValueError) as exc:
+            raise UnavailableError(f"hf engine: cannot load model {path!r}: {exc}") from exc
+        self.base.to(self.device).eval()
+        self.peft: PeftModel | None = None
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = min(self.eos_ids) if self.eos_ids else 0
+        self.max_positions = int(getattr(self.base.config, "max_position_embeddings", 0) or 0)
+
+    @property
+    def model(self) -> Any:
+        """What to call for a forward pass: the PeftModel once an adapter exists, else the base."""
+        return self.peft if self.peft is not None else self.base
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.base.generation_config, self.base.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+        return frozenset(ids)
+
+    def add_adapter(self, key: str, path: Path) -> None:
+        """Load the peft adapter at ``path`` under peft name ``key``."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # peft calls deprecated transformers
+            if self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=key)
+            else:
+                self.peft.load_adapter(str(path), adapter_name=key)
+        self.peft.to(self.device).eval()
+
+    def remove_adapter(self, key: str) -> None:
+        """Delete adapter ``key``; the last one unwraps the base model entirely."""
+        if self.peft is None or key not in self.peft.peft_config:
+            return
+        if len(self.peft.peft_config) == 1:
+            self.base = self.peft.unload()
+            self.peft = None
+            return
+        if self.peft.active_adapter == key:  # peft needs some active adapter, any other one
+            self.peft.set_adapter(next(k for k in self.peft.peft_config if k != key))
+        self.peft.delete_adapter(key)
+
+    def discard_partial(self, key: str) -> None:
+        """Undo a failed :meth:`add_adapter` as far as peft got with it."""
+        try:
+            self.remove_adapter(key)
+        except Exception:  # the adapter may never have been registered
+            log.warning("hf.adapter.discard_failed", key=key, exc_info=True)

@@ -1,0 +1,109 @@
+"""One request in the hf engine: its prompt tokens, batch row, text stream and outgoing chunks.
+
+Lives on the event loop; turns each new token into ``TokenChunk``s and a
+closing ``FinalChunk`` (or an error) that the caller's stream reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from proto.errors import InvalidRequestError, LorafleetError
+from proto.inference import (
+    FinalChunk,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+    Usage,
+)
+from worker.engines._hf_batch import Row, RowState
+from worker.engines._hf_text import TextStream
+
+__all__ = ["InFlight", "Outcome", "check_sampling", "prompt_ids"]
+
+Outcome = TokenChunk | FinalChunk | LorafleetError
+
+
+def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
+    """Token ids of the prompt: the chat template for ``messages``, raw text for ``prompt``."""
+    if (request.prompt is None) == (request.messages is None):
+        raise InvalidRequestError(
+            f"request {request.request_id}: exactly one of prompt and messages must be given"
+        )
+    if request.messages is not None:
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(request.prompt)
+    if not ids:
+        raise InvalidRequestError(f"request {request.request_id} has an empty prompt")
+    return list(ids)
+
+
+def check_sampling(request_id: str, params: SamplingParams) -> None:
+    """Refuse sampling settings no sampler can honour, naming the field."""
+    if params.max_tokens < 1:
+        raise InvalidRequestError(f"request {request_id}: max_tokens must be at least 1")
+    if params.temperature < 0:
+        raise InvalidRequestError(f"request {request_id}: temperature must not be negative")
+    if not 0 < params.top_p <= 1:
+        raise InvalidRequestError(f"request {request_id}: top_p must be in (0, 1]")
+
+
+@dataclass(eq=False, kw_only=True)
+class InFlight:
+    """A request between admission and its last chunk."""
+
+    request_id: str
+    model: str
+    row: Row
+    text: TextStream
+    max_new_tokens: int
+    outbox: asyncio.Queue[Outcome] = field(default_factory=asyncio.Queue)
+    unsent_tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        """Finished, failed or cancelled: the batch should drop its row."""
+        return self.row.state is RowState.DONE
+
+    def deliver(self, token: int, eos_ids: Collection[int]) -> None:
+        """Take one new token; finish on eos, a stop string or ``max_new_tokens``."""
+        if self.row.state is not RowState.RUNNING:
+            return
+        self.row.output_ids.append(token)
+        self.unsent_tokens += 1
+        if token in eos_ids:
+            self._finish("stop", self.text.flush())
+            return
+        text = self.text.push(token)
+        if self.text.stopped:
+            self._finish("stop", text)
+        elif len(self.row.output_ids) >= self.max_new_tokens:
+            self._finish("length", text + self.text.flush())
+        elif text:
+            self._send(text)
+
+    def fail(self, error: LorafleetError) -> None:
+        """End the stream with ``error`` unless it already ended."""
+        if not self.done:
+            self.outbox.put_nowait(error)
+            self.row.state = RowState.DONE
+
+    def _send(self, text: str) -> None:
+        self.outbox.put_nowait(TokenChunk(text=text, tokens=self.unsent_tokens))
+        self.unsent_tokens = 0
+
+    def _finish(self, reason: FinishReason, text: str) -> None:
+        if text:
+            self._send(text)
+        usage = Usage(
+            prompt_tokens=len(self.row.prompt_ids), completion_tokens=len(self.row.output_ids)
+        )
+        self.outbox.put_nowait(FinalChunk(finish_reason=reason, usage=usage))
+        self.row.state = RowState.DONE

@@ -1,0 +1,266 @@
+"""The hf engine: transformers + peft generation with every request, base or adapter, in one batch.
+
+One background ``_generate_loop`` steps a ``DecodeBatch`` on a single model
+thread; adapters are added and removed on that same thread, between steps.
+LoRA bookkeeping (locks, cards, rollback, eviction) is not done here but in
+``worker.lora_controller`` (through ``AdapterEngine``), which calls
+:meth:`HFEngine.add_adapter` and :meth:`HFEngine.remove_adapter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Final, TypeVar
+
+import structlog
+import torch
+
+from proto.errors import (
+    InvalidRequestError,
+    LorafleetError,
+    UnavailableError,
+    UpstreamError,
+)
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from worker.adapter_engine import AdapterEngine
+from worker.engine import EngineConfig
+from worker.engines._hf_adapters import Adapter, AdapterTable, check_adapter_files
+from worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
+from worker.engines._hf_model import ModelHost
+from worker.engines._hf_request import InFlight, check_sampling, prompt_ids
+from worker.engines._hf_text import TextStream
+
+__all__ = ["EngineState", "HFEngine"]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE: Final = 16
+_T = TypeVar("_T")
+
+
+class EngineState(enum.Enum):
+    """Lifecycle of an engine: built, serving, stopped."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class HFEngine(AdapterEngine):
+    """transformers + peft engine; batches base and adapter requests together (mixed LoRA).
+
+    ``config.options``: ``device`` ("auto", "cpu", "cuda"), ``dtype`` ("auto" is float32
+    on CPU, the checkpoint's dtype on GPU), ``max_batch_size`` (rows per step, default 16),
+    ``cpu_threads`` (torch threads on CPU, default 1: right for small models).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.max_batch_size = int(config.options.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
+        self.state = EngineState.NEW
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-model")
+        self._host: ModelHost | None = None
+        self._batch: DecodeBatch | None = None
+        self._waiting: deque[InFlight] = deque()
+        self._running: list[InFlight] = []
+        self._adapters = AdapterTable(base_name=config.model_name, max_loras=config.max_loras)
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._peak_batch = 0
+        self._tokens_total = 0
+
+    async def _on_model_thread(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` on the one thread that touches the model, without blocking the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def start(self) -> None:
+        """Load tokenizer and weights on the model thread, then start the generation loop."""
+        started = time.monotonic()
+        device = str(self.config.options.get("device", "auto"))
+        dtype = str(self.config.options.get("dtype", "auto"))
+        threads = int(self.config.options.get("cpu_threads", 1))
+        host = await self._on_model_thread(
+            lambda: ModelHost(self.config.model, device=device, dtype=dtype, cpu_threads=threads)
+        )
+        self._host, self._batch = host, DecodeBatch(host.device, host.pad_id)
+        self._loop_task = asyncio.create_task(self._generate_loop(), name="hf-generate-loop")
+        self.state = EngineState.RUNNING
+        log.info(
+            "hf.started",
+            model=self.config.model,
+            device=str(host.device),
+            load_s=round(time.monotonic() - started, 3),
+        )
+
+    async def stop(self) -> None:
+        """Fail what is in flight, stop the loop, release the model thread and weights."""
+        self.state = EngineState.STOPPED
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._fail_all(UnavailableError(f"hf engine for {self.config.model_name} stopped"))
+        await asyncio.to_thread(self._executor.shutdown, True)
+        self._host = self._batch = None
+
+    def stats(self) -> dict[str, int]:
+        """Rows waiting and running now, the largest batch so far, tokens generated so far."""
+        return {
+            "waiting": len(self._waiting),
+            "running": len(self._running),
+            "peak_batch": self._peak_batch,
+            "tokens_generated": self._tokens_total,
+        }
+
+    def loaded_adapters(self) -> dict[str, int]:
+        """Adapters usable now, by name, with their ``lora_id``."""
+        return {a.name: a.lora_id for a in self._adapters.loaded.values()}
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """Stream ``request``'s tokens; leaving the stream early frees its batch row."""
+        pending = self._admit(request)
+        try:
+            while True:
+                outcome = await pending.outbox.get()
+                if isinstance(outcome, LorafleetError):
+                    raise outcome
+                yield outcome
+                if isinstance(outcome, FinalChunk):
+                    return
+        finally:
+            if not pending.done:
+                pending.row.state = RowState.DONE  # the loop drops its row at the next step
+                if pending in self._waiting:
+                    self._waiting.remove(pending)
+                self._wake.set()
+
+    def _admit(self, request: GenerateRequest) -> InFlight:
+        """Validate and queue ``request``; raise before any work for what cannot be served."""
+        if self.state is not EngineState.RUNNING or self._host is None:
+            raise UnavailableError(f"hf engine for {self.config.model_name} is not running")
+        adapter = self._adapters.resolve(request.model)
+        ids = prompt_ids(self._host.tokenizer, request)
+        context = min(self.config.context_length, self._host.max_positions or 1 << 30)
+        if len(ids) >= context:
+            raise InvalidRequestError(
+                f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
+                f"in the context of {context} tokens"
+            )
+        sampling = request.sampling
+        check_sampling(request.request_id, sampling)
+        seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
+        row = Row(prompt_ids=ids, params=sampling, generator=torch.Generator().manual_seed(seed))
+        row.adapter = adapter.key if adapter else BASE_ADAPTER
+        pending = InFlight(
+            request_id=request.request_id,
+            model=request.model,
+            row=row,
+            text=TextStream(self._host.tokenizer, sampling.stop),
+            max_new_tokens=min(sampling.max_tokens, context - len(ids)),
+        )
+        self._waiting.append(pending)
+        self._wake.set()
+        return pending
+
+    async def _generate_loop(self) -> None:
+        """Step the batch while anything is waiting or running; sleep otherwise."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._waiting or self._running:
+                try:
+                    await self._step()
+                except Exception as exc:  # e.g. a torch failure: fail this batch, keep serving
+                    log.exception("hf.step_failed", rows=len(self._running))
+                    self._fail_all(UpstreamError(f"hf engine step failed: {exc}"))
+                    assert self._batch is not None
+                    await self._on_model_thread(self._batch.reset)
+
+    async def _step(self) -> None:
+        """One batch step: drop finished rows, admit waiting ones, hand out the new tokens."""
+        host, batch = self._host, self._batch
+        assert host is not None and batch is not None
+        dropped = [r.row for r in self._running if r.done]
+        self._running = [r for r in self._running if not r.done]
+        admit: list[InFlight] = []
+        while self._waiting and len(self._running) + len(admit) < self.max_batch_size:
+            if not (request := self._waiting.popleft()).done:
+                request.row.state = RowState.RUNNING
+                admit.append(request)
+        self._running += admit  # the batch's row order: kept rows, then admitted ones
+        rows = [r.row for r in admit]
+        tokens = await self._on_model_thread(lambda: batch.step(host.model, rows, dropped))
+        self._peak_batch = max(self._peak_batch, len(tokens))
+        self._tokens_total += len(tokens)
+        for request, token in zip(self._running, tokens, strict=True):
+            request.deliver(token, host.eos_ids)
+
+    def _fail_all(self, error: LorafleetError) -> None:
+        """End every waiting and running request with ``error``."""
+        for request in [*self._waiting, *self._running]:
+            request.fail(error)
+        self._waiting.clear()
+        self._running.clear()
+
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        """Load the peft adapter at ``path`` as ``name`` (already loaded from there: no work)."""
+        if self.state is not EngineState.RUNNING or self._host is None:
+            raise UnavailableError(f"adapter {name!r}: hf engine is not running")
+        if not self.config.enable_lora:
+            raise InvalidRequestError(f"adapter {name!r}: LoRA is not enabled on this engine")
+        adapter = self._adapters.reserve(name, lora_id, path)
+        if adapter is None:
+            return
+        started, host, max_rank = time.monotonic(), self._host, self.config.max_lora_rank
+        loaded = False
+        try:
+            await self._on_model_thread(lambda: _load_adapter(host, adapter, max_rank))
+            loaded = True
+        finally:
+            self._adapters.settle(adapter, loaded=loaded)
+        log.info(
+            "hf.adapter.added",
+            adapter=name,
+            lora_id=lora_id,
+            path=str(path),
+            load_s=round(time.monotonic() - started, 3),
+        )
+
+    async def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name``; its requests still in flight end with an error."""
+        adapter = self._adapters.pop(name)
+        victims = [r for r in (*self._waiting, *self._running) if r.row.adapter == adapter.key]
+        for request in victims:
+            request.fail(
+                UnavailableError(
+                    f"adapter {name!r} was unloaded while request {request.request_id} was running"
+                )
+            )
+        host, batch, rows = self._host, self._batch, [r.row for r in victims]
+        assert host is not None and batch is not None
+        try:
+            await self._on_model_thread(
+                lambda: (batch.drop(rows), host.remove_adapter(adapter.key))
+            )
+        except Exception as exc:
+            self._adapters.settle(adapter, loaded=True)
+            raise UpstreamError(f"adapter {name!r}: removing it failed: {exc}") from exc
+        log.info("hf.adapter.removed", adapter=name, lora_id=adapter.lora_id)
+
+
+def _load_adapter(host: ModelHost, adapter: Adapter, max_rank: int) -> None:
+    """On the model thread: check the files, then load into peft (undone on failure)."""
+    check_adapter_files(adapter.name, adapter.path, max_rank)
+    try:
+        host.add_adapter(adapter.key, adapter.path)
+    except Exception as exc:
+        host.discard_partial(adapter.key)
+        raise InvalidRequestError(
+            f"adapter {adapter.name!r}: cannot load {adapter.path}: {exc}"
+        ) from exc

