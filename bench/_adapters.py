@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from bench._cluster import BenchCluster, Service
-from bench._http import HttpConnection, build_request
+from bench._http import HttpConnection, build_request, http_once
 from bench._report import ms, percentile
 
-__all__ = ["FrontendModels", "Rounds", "models_latency", "populate", "run_rounds"]
+__all__ = ["FrontendModels", "Rounds", "admin", "models_latency", "populate", "run_rounds"]
 
 PROBE: Final = "bench-probe"
 VISIBLE_TIMEOUT_S: Final = 10.0
@@ -73,14 +73,9 @@ class FrontendModels:
         return time.perf_counter() - since
 
 
-async def _admin(worker: Service, path: str, body: dict[str, Any]) -> int:
+async def admin(worker: Service, path: str, body: dict[str, Any]) -> int:
     """POST an engine update to a worker's status server; returns the HTTP status."""
-    connection = await HttpConnection.open("127.0.0.1", worker.port)
-    try:
-        raw = build_request("POST", "127.0.0.1", worker.port, f"/engine/update/{path}", body)
-        return (await connection.request(raw)).status
-    finally:
-        await connection.close()
+    return (await http_once(worker.port, "POST", f"/engine/update/{path}", body)).status
 
 
 async def _timed_change(
@@ -90,7 +85,7 @@ async def _timed_change(
     listed = path == "load_lora"
     started = time.perf_counter()
     watch = asyncio.create_task(frontend.wait_listed(body["lora_name"], listed, started, poll_s))
-    status = await _admin(worker, path, body)
+    status = await admin(worker, path, body)
     call_s = time.perf_counter() - started
     if status != 200:
         watch.cancel()
@@ -104,8 +99,8 @@ async def run_rounds(
     """Load and unload the probe adapter ``rounds`` times, after one untimed round."""
     result = Rounds()
     load = {"lora_name": PROBE, "source": {"uri": uri}}
-    await _admin(worker, "load_lora", load)
-    await _admin(worker, "unload_lora", {"lora_name": PROBE})
+    await admin(worker, "load_lora", load)
+    await admin(worker, "unload_lora", {"lora_name": PROBE})
     for _ in range(rounds):
         try:
             call_s, visible_s = await _timed_change(frontend, worker, "load_lora", load, poll_s)
@@ -117,7 +112,7 @@ async def run_rounds(
             result.gone_s.append(gone_s)
         except (RuntimeError, TimeoutError, OSError):
             result.errors += 1
-            await _admin(worker, "unload_lora", {"lora_name": PROBE})
+            await admin(worker, "unload_lora", {"lora_name": PROBE})
     return result
 
 
@@ -132,7 +127,7 @@ async def populate(cluster: BenchCluster, workers: list[Service], total: int) ->
         while not jobs.empty():
             worker, name = jobs.get_nowait()
             body = {"lora_name": name, "source": {"uri": cluster.adapter(name)}}
-            status = await _admin(worker, "load_lora", body)
+            status = await admin(worker, "load_lora", body)
             if status != 200:
                 raise RuntimeError(f"load_lora of {name!r} answered HTTP {status}")
 

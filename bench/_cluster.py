@@ -42,6 +42,7 @@ class Service:
     port: int
     log_path: Path
     subject: str = ""
+    instance_id: int = 0
 
     @property
     def pid(self) -> int:
@@ -129,11 +130,13 @@ class BenchCluster:
             service.wait_ready()
         return service
 
-    def worker(self, model: str = "demo", *args: str, wait: bool = True) -> Service:
-        """Start a mocker ``python -m worker`` (more flags in ``args``) on a free status port."""
+    def worker(
+        self, model: str = "demo", *args: str, engine: str = "mocker", wait: bool = True
+    ) -> Service:
+        """Start ``python -m worker`` (more flags in ``args``) on a free status port."""
         port = free_port()
         argv = [
-            "-m", "worker", "--engine", "mocker", "--model", model,
+            "-m", "worker", "--engine", engine, "--model", model,
             "--system-host", "127.0.0.1", "--system-port", str(port), *args,
         ]  # fmt: skip
         service = self._spawn(f"worker-{port}", argv, port)
@@ -141,11 +144,11 @@ class BenchCluster:
             self.await_worker(service)
         return service
 
-    def await_worker(self, service: Service) -> None:
-        """Wait for a worker's ``/health`` and learn its NATS subject from the instance id."""
-        health = service.wait_ready()
-        instance_id = int(str(health["instance_id"]), 16)
-        service.subject = nats_subject(self.namespace, "backend", "generate", instance_id)
+    def await_worker(self, service: Service, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait for a worker's ``/health`` and learn its instance id and NATS subject."""
+        health = service.wait_ready(timeout_s)
+        service.instance_id = int(str(health["instance_id"]), 16)
+        service.subject = nats_subject(self.namespace, "backend", "generate", service.instance_id)
 
     def adapter(self, name: str) -> str:
         """A ``file://`` URI of a placeholder adapter folder (the mocker reads no weights)."""

@@ -16,7 +16,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["HttpConnection", "HttpResponse", "build_request", "http_get_json"]
+__all__ = ["HttpConnection", "HttpResponse", "build_request", "http_get_json", "http_once"]
 
 _TOKEN_EVENT: Final = re.compile(rb'"(?:content|text)":"[^"]')
 """An SSE event carrying generated text (the chat opening frame has empty content)."""
@@ -94,11 +94,18 @@ class HttpConnection:
         return HttpResponse(status, b"".join(parts), first_token_at)
 
 
-async def http_get_json(host: str, port: int, path: str) -> tuple[int, object, int]:
-    """One GET on a fresh connection: status, decoded JSON body and body size in bytes."""
+async def http_once(
+    port: int, method: str, path: str, body: object = None, host: str = "127.0.0.1"
+) -> HttpResponse:
+    """One request on a fresh connection to ``host:port``."""
     connection = await HttpConnection.open(host, port)
     try:
-        response = await connection.request(build_request("GET", host, port, path))
+        return await connection.request(build_request(method, host, port, path, body))
     finally:
         await connection.close()
+
+
+async def http_get_json(host: str, port: int, path: str) -> tuple[int, object, int]:
+    """One GET on a fresh connection: status, decoded JSON body and body size in bytes."""
+    response = await http_once(port, "GET", path, host=host)
     return response.status, msgspec.json.decode(response.body), len(response.body)

@@ -48,10 +48,12 @@ def test_serve_reports_every_mode_and_concurrency_without_errors(tmp_path: Path)
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
-def test_lora_reports_rounds_empty_and_populated_without_errors(tmp_path: Path) -> None:
+def test_lora_reports_rounds_empty_populated_and_cold_without_errors(tmp_path: Path) -> None:
     result = _bench(tmp_path, "lora", "--rounds", "3", "--adapters", "8", "--workers", "2",
-                    "--samples", "5")  # fmt: skip
-    assert set(result["results"]) == {"empty", "populated"}
+                    "--samples", "5", "--cold-rounds", "2")  # fmt: skip
+    assert set(result["results"]) == {"empty", "populated", "cold_mocker"}
+    cold = result["results"].pop("cold_mocker")
+    assert cold["rounds"] == 2 and cold["cold_p50_ms"] is not None
     for scenario in result["results"].values():
         assert scenario["rounds"] == 3 and scenario["errors"] == 0
         assert scenario["visible_p50_ms"] is not None and scenario["gone_p50_ms"] is not None
