@@ -13,13 +13,14 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from bench._adapters import FrontendModels
+from bench._adapters import FrontendModels, admin
 from bench._cluster import BenchCluster, Service
-from bench._http import HttpConnection, build_request, http_get_json
+from bench._http import http_get_json
+from bench._load import Session
 from bench._report import add_output_flags, emit, machine, ms, percentile, run_async, table
 from bench.serve import http_session
 
@@ -39,7 +40,7 @@ class _Traffic:
     done: dict[str, list[tuple[float, bool, float]]] = field(default_factory=dict)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def loop(self, kind: str, open_call: Any) -> None:
+    async def loop(self, kind: str, open_call: Session) -> None:
         """One closed-loop client until ``stop``; reconnects after a failed connection."""
         log = self.done.setdefault(kind, [])
         call, close = await open_call()
@@ -55,7 +56,9 @@ class _Traffic:
         await close()
 
 
-async def _wait(condition: Any, timeout_s: float = GONE_TIMEOUT_S) -> float:
+async def _wait(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float = GONE_TIMEOUT_S
+) -> float:
     """Poll ``condition()`` (async) until true; returns when it became true (perf_counter)."""
     deadline = time.perf_counter() + timeout_s
     while not await condition():
@@ -75,12 +78,7 @@ async def _start_victim(
 ) -> Service:
     victim = cluster.worker(MODEL, "--enable-lora", *speed)
     body = {"lora_name": OWN_ADAPTER, "source": {"uri": cluster.adapter(OWN_ADAPTER)}}
-    connection = await HttpConnection.open("127.0.0.1", victim.port)
-    try:
-        raw = build_request("POST", "127.0.0.1", victim.port, "/engine/update/load_lora", body)
-        status = (await connection.request(raw)).status
-    finally:
-        await connection.close()
+    status = await admin(victim, "load_lora", body)
     if status != 200:
         raise RuntimeError(f"load_lora on the victim answered HTTP {status}")
     needle = f'"id":"{OWN_ADAPTER}"'.encode()
