@@ -1,16 +1,18 @@
 """Which model names are served, and by which instances, from two etcd watch caches.
 
 A name is served while at least one instance with a live ``Instance`` record
-has a card for it. The index is rebuilt lazily on the first read after any
-change, so a request never waits on etcd and a burst of watch events costs
-one rebuild.
+has a card for it. Watch events only mark the names they touch as stale; the
+first read after a change refreshes those names alone, so a request never
+waits on etcd, a burst of events costs one refresh, and one adapter loaded
+among thousands costs one entry, not a rebuild.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, TypeAlias, TypeVar
 
 from discovery.client import EtcdClient
 from discovery.keys import card_prefix, instance_prefix, parse_card_key
@@ -20,6 +22,10 @@ from proto.discovery import Instance, ModelDeploymentCard, decode_card, decode_i
 __all__ = ["ModelRegistry", "ServedModel", "build_index"]
 
 DEFAULT_OWNER: Final = "lorafleet"
+
+_T = TypeVar("_T")
+_Owner: TypeAlias = tuple[str, int]
+"""An instance as card keys name it: ``namespace/component/endpoint`` and its id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +59,18 @@ def _endpoint_path(instance: Instance) -> str:
     return f"{instance.namespace}/{instance.component}/{instance.endpoint}"
 
 
+def _owner(instance: Instance) -> _Owner:
+    return _endpoint_path(instance), instance.instance_id
+
+
 def build_index(
     instances: Mapping[str, Instance], cards: Mapping[str, ModelDeploymentCard]
 ) -> dict[str, ServedModel]:
-    """Group cards by name, keeping those whose instance record is live; sorted by name."""
+    """Group cards by name, keeping those whose instance record is live; sorted by name.
+
+    The whole index at once: ``ModelRegistry`` keeps the same index up to date
+    change by change.
+    """
     live = {(_endpoint_path(i), i.instance_id): i for i in instances.values()}
     found: dict[str, tuple[ModelDeploymentCard, list[Instance]]] = {}
     for key, card in cards.items():
@@ -87,11 +101,21 @@ class ModelRegistry:
     ) -> None:
         self.instance_cache = instances
         self.card_cache = cards
+        self._live: dict[_Owner, Instance] = {}
+        self._cards: dict[str, dict[str, tuple[_Owner, ModelDeploymentCard]]] = {}
+        """Every card by name, then by key, with the instance its key names."""
+        self._names_on: dict[_Owner, Counter[str]] = {}
         self._index: dict[str, ServedModel] = {}
-        self._dirty = True
+        self._stale: set[str] = set()
+        self._memos: dict[Callable[[ServedModel], Any], dict[str, Any]] = {}
+        self._lists: dict[Callable[[ServedModel], Any], list[Any]] = {}
+        for key, instance in instances.items.items():
+            self._instance_changed(key, None, instance)
+        for key, card in cards.items.items():
+            self._card_changed(key, None, card)
         self._unsubscribe: list[Callable[[], None]] = [
-            instances.subscribe(self._changed),
-            cards.subscribe(self._changed),
+            instances.subscribe(self._instance_changed),
+            cards.subscribe(self._card_changed),
         ]
 
     @classmethod
@@ -119,13 +143,28 @@ class ModelRegistry:
         """Every served model, base models and adapters, sorted by name."""
         return list(self._current().values())
 
+    def each(self, build: Callable[[ServedModel], _T]) -> list[_T]:
+        """``[build(m) for m in self.models()]``, calling ``build`` again only for changed models.
+
+        For answers made of every model (``/v1/models``), so that asking again
+        costs nothing until a worker changes what it serves.
+        """
+        index = self._current()
+        built = self._lists.get(build)
+        if built is None:
+            memo = self._memos.setdefault(build, {})
+            for name in index.keys() - memo.keys():
+                memo[name] = build(index[name])
+            built = self._lists[build] = [memo[name] for name in index]
+        return list(built)
+
     def names(self) -> list[str]:
         """Every served name, sorted."""
         return list(self._current())
 
     def known(self, name: str) -> bool:
         """Whether any card in etcd names ``name``, live instance or not."""
-        return any(card.display_name == name for card in self.card_cache.items.values())
+        return name in self._cards
 
     @property
     def instance_count(self) -> int:
@@ -140,11 +179,82 @@ class ModelRegistry:
         await self.instance_cache.aclose()
         await self.card_cache.aclose()
 
-    def _changed(self, key: str, old: object, new: object) -> None:
-        self._dirty = True
+    def _instance_changed(self, key: str, old: Instance | None, new: Instance | None) -> None:
+        """Mark the names served by the instance stale and note whether it is live."""
+        for record in (old, new):
+            if record is not None:
+                self._stale.update(self._names_on.get(_owner(record), ()))
+        if old is not None:
+            self._live.pop(_owner(old), None)
+        if new is not None:
+            self._live[_owner(new)] = new
+
+    def _card_changed(
+        self, key: str, old: ModelDeploymentCard | None, new: ModelDeploymentCard | None
+    ) -> None:
+        """File the card under its name and its instance; mark its name(s) stale."""
+        try:
+            path, instance_id, _slug = parse_card_key(key)
+        except ValueError:
+            return
+        owner = (path, instance_id)
+        if old is not None and new is not None and old.display_name == new.display_name:
+            self._cards[new.display_name][key] = (owner, new)  # in place: keeps its rank
+            self._stale.add(new.display_name)
+            return
+        if old is not None:
+            self._forget_card(key, owner, old.display_name)
+        if new is not None:
+            self._cards.setdefault(new.display_name, {})[key] = (owner, new)
+            self._names_on.setdefault(owner, Counter())[new.display_name] += 1
+            self._stale.add(new.display_name)
+
+    def _forget_card(self, key: str, owner: _Owner, name: str) -> None:
+        by_key = self._cards.get(name, {})
+        by_key.pop(key, None)
+        if not by_key:
+            self._cards.pop(name, None)
+        names = self._names_on.get(owner)
+        if names is not None:
+            names[name] -= 1
+            if names[name] <= 0:
+                del names[name]
+            if not names:
+                del self._names_on[owner]
+        self._stale.add(name)
 
     def _current(self) -> dict[str, ServedModel]:
-        if self._dirty:
-            self._dirty = False
-            self._index = build_index(self.instance_cache.items, self.card_cache.items)
+        if self._stale:
+            self._refresh()
         return self._index
+
+    def _refresh(self) -> None:
+        """Recompute the stale names' entries; keep the index sorted by name."""
+        added = False
+        for name in self._stale:
+            served = self._served(name)
+            if served is None:
+                self._index.pop(name, None)
+            else:
+                added = added or name not in self._index
+                self._index[name] = served
+            for memo in self._memos.values():
+                memo.pop(name, None)
+        self._stale.clear()
+        self._lists.clear()
+        if added:
+            self._index = dict(sorted(self._index.items()))
+
+    def _served(self, name: str) -> ServedModel | None:
+        """``name``'s entry: its first card on a live instance and every live instance with one."""
+        card: ModelDeploymentCard | None = None
+        serving = []
+        for owner, candidate in self._cards.get(name, {}).values():
+            instance = self._live.get(owner)
+            if instance is not None:
+                card = candidate if card is None else card
+                serving.append(instance)
+        if card is None:
+            return None
+        serving.sort(key=lambda i: i.instance_id)
+        return ServedModel(name=name, card=card, instances=tuple(serving))

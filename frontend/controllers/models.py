@@ -52,9 +52,12 @@ class ModelsController(Controller):
     @get("/", operation_id="listModels", summary="List served models")
     async def list_models(self, resolver: NamedDependency[ModelResolver]) -> ModelList:
         """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
-        entries = [model_object(served) for served in resolver.registry.models()]
-        entries += [cold_model_object(cold) for cold in resolver.cold()]
-        return ModelList(data=sorted(entries, key=lambda entry: entry.id))
+        entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
+        cold = resolver.cold()
+        if cold:
+            entries += [cold_model_object(adapter) for adapter in cold]
+            entries.sort(key=lambda entry: entry.id)
+        return ModelList(data=entries)
 
     @get(
         "/{model_id:path}",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
+
+import msgspec
 
 from discovery.keys import base_card_key, instance_key, lora_card_key
 from frontend.registry import ModelRegistry, build_index
@@ -12,9 +15,9 @@ from proto.naming import lora_id, lora_slug
 NS = "ns"
 
 
-def _instance(instance_id: int, started_at: float = 100.0) -> Instance:
-    return Instance(namespace=NS, component="backend", endpoint="generate",
-                    instance_id=instance_id, subject=f"{NS}.backend.generate-{instance_id:x}",
+def _instance(instance_id: int, started_at: float = 100.0, ns: str = NS) -> Instance:
+    return Instance(namespace=ns, component="backend", endpoint="generate",
+                    instance_id=instance_id, subject=f"{ns}.backend.generate-{instance_id:x}",
                     started_at=started_at)  # fmt: skip
 
 
@@ -87,3 +90,49 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+async def test_registry_kept_change_by_change_equals_a_full_rebuild(etcd, namespace) -> None:
+    """Seeded random puts and deletes of instances and cards; after each batch the
+    registry (refreshed name by name) lists exactly what a whole rebuild lists."""
+    rng = random.Random(9)
+    async with await ModelRegistry.start(etcd, namespace) as registry:
+        for batch in range(1, 9):
+            for _ in range(15):
+                await _random_change(etcd, namespace, rng)
+            await _caught_up(etcd, registry, namespace, batch)
+            expected = build_index(registry.instance_cache.items, registry.card_cache.items)
+            assert registry.models() == list(expected.values())
+            assert registry.each(lambda served: served.name) == list(expected)
+            assert registry.known("robot") == any(
+                card.display_name == "robot" for card in registry.card_cache.items.values()
+            )
+
+
+async def _random_change(etcd, namespace: str, rng: random.Random) -> None:
+    instance_id = rng.randint(1, 4)
+    keys = (namespace, "backend", "generate", instance_id)
+    name = rng.choice(["demo", "pirate", "robot", "a/b", "zed"])
+    if rng.random() < 0.3:
+        key = instance_key(*keys)
+        record = _instance(instance_id, started_at=rng.randint(1, 9), ns=namespace)
+    elif name == "demo":
+        key, record = base_card_key(*keys), _base()
+    else:
+        key, record = lora_card_key(*keys, lora_slug(name)), _adapter(name)
+    if rng.random() < 0.4:
+        await etcd.delete(key.encode())
+    else:
+        await etcd.put(key.encode(), encode_record(record))
+
+
+async def _caught_up(etcd, registry: ModelRegistry, namespace: str, batch: int) -> None:
+    """Put a marker under each prefix and wait for both caches to have it (watch order)."""
+    instance = _instance(99, started_at=batch, ns=namespace)
+    await etcd.put(instance_key(namespace, "backend", "generate", 99).encode(),
+                   encode_record(instance))  # fmt: skip
+    card = msgspec.structs.replace(_base("marker"), created=batch)
+    await etcd.put(base_card_key(namespace, "backend", "generate", 98).encode(),
+                   encode_record(card))  # fmt: skip
+    await _until(lambda: instance in registry.instance_cache.items.values()
+                 and card in registry.card_cache.items.values())  # fmt: skip

@@ -1,0 +1,177 @@
+"""A throwaway local cluster for one benchmark: etcd, NATS, frontends and workers on free ports.
+
+Everything lives under one temporary directory (server data, logs, adapter
+folders) and is stopped by PID when the ``BenchCluster`` block ends. Benchmarks
+never import ``tests``; this is their own small copy of the process helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from discovery.keys import nats_subject
+from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+
+__all__ = ["BenchCluster", "Service", "make_adapter_dir"]
+
+READY_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 15.0
+_POLL_S: Final = 0.02
+NAMESPACE: Final = "bench"
+
+
+@dataclass
+class Service:
+    """A frontend or worker process: its HTTP port, log file and (workers) NATS subject."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    subject: str = ""
+    instance_id: int = 0
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        """Base URL of its HTTP server (frontend API or worker status server)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, object]:
+        """Poll ``/health`` until 200 and return its JSON; raise with the log's tail otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{self.tail()}")
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=1) as response,
+            ):
+                if response.status == 200:
+                    return dict(json.loads(response.read()))
+            time.sleep(_POLL_S)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.tail()}")
+
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) and wait for the exit."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT_S)
+
+    def tail(self, lines: int = 30) -> str:
+        """The last lines of its log."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class BenchCluster:
+    """etcd, NATS and the frontends and workers a benchmark starts; a context manager."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lorafleet-bench-")))
+    lease_ttl_s: int = 10
+    namespace: str = NAMESPACE
+    etcd: LocalServer | None = None
+    nats: LocalServer | None = None
+    services: list[Service] = field(default_factory=list)
+
+    def __enter__(self) -> BenchCluster:
+        self.etcd = start_etcd(self.root / "servers")
+        self.nats = start_nats(self.root / "servers")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for service in reversed(self.services):
+            service.stop()
+        for server in (self.nats, self.etcd):
+            if server is not None:
+                server.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment every lorafleet process of this cluster gets."""
+        assert self.etcd is not None and self.nats is not None
+        return {
+            "ETCD_ENDPOINTS": self.etcd.url,
+            "NATS_SERVER": self.nats.url,
+            "DYN_NAMESPACE": self.namespace,
+            "DYN_LEASE_TTL": str(self.lease_ttl_s),
+            "DYN_LORA_ENABLED": "true",
+            "DYN_LORA_PATH": str(self.root / "lora-cache"),
+        }
+
+    def frontend(self, *args: str, wait: bool = True) -> Service:
+        """Start ``python -m frontend`` on a free port."""
+        port = free_port()
+        argv = ["-m", "frontend", "--http-host", "127.0.0.1", "--http-port", str(port), *args]
+        service = self._spawn(f"frontend-{port}", argv, port)
+        if wait:
+            service.wait_ready()
+        return service
+
+    def worker(
+        self, model: str = "demo", *args: str, engine: str = "mocker", wait: bool = True
+    ) -> Service:
+        """Start ``python -m worker`` (more flags in ``args``) on a free status port."""
+        port = free_port()
+        argv = [
+            "-m", "worker", "--engine", engine, "--model", model,
+            "--system-host", "127.0.0.1", "--system-port", str(port), *args,
+        ]  # fmt: skip
+        service = self._spawn(f"worker-{port}", argv, port)
+        if wait:
+            self.await_worker(service)
+        return service
+
+    def await_worker(self, service: Service, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait for a worker's ``/health`` and learn its instance id and NATS subject."""
+        health = service.wait_ready(timeout_s)
+        service.instance_id = int(str(health["instance_id"]), 16)
+        service.subject = nats_subject(self.namespace, "backend", "generate", service.instance_id)
+
+    def adapter(self, name: str) -> str:
+        """A ``file://`` URI of a placeholder adapter folder (the mocker reads no weights)."""
+        return f"file://{make_adapter_dir(self.root / 'adapters', name)}"
+
+    def _spawn(self, name: str, argv: list[str], port: int) -> Service:
+        log_path = self.root / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+            )  # fmt: skip
+        service = Service(name, process, port, log_path)
+        self.services.append(service)
+        return service
+
+
+def make_adapter_dir(root: Path, name: str, base_model: str = "demo") -> Path:
+    """Write a PEFT-shaped adapter folder with placeholder weights; return its path."""
+    path = root / name.replace("/", "_")
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"base_model_name_or_path": base_model, "peft_type": "LORA", "r": 8}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    (path / "adapter_model.safetensors").write_bytes(b"\x00" * 16)
+    return path

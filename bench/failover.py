@@ -1,0 +1,213 @@
+"""``python -m bench.failover``: how fast a killed worker is noticed, and what clients see.
+
+Two mocker workers serve ``demo``; the second also serves an adapter of its
+own. While closed-loop clients send chat requests (non-streaming and
+streaming) through the frontend, the second worker is SIGKILLed. Each round
+times SIGKILL until its adapter leaves ``/v1/models`` and until ``/health``
+counts one instance, and counts the requests that failed meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from bench._adapters import FrontendModels, admin
+from bench._cluster import BenchCluster, Service
+from bench._http import http_get_json
+from bench._load import Session
+from bench._report import add_output_flags, emit, machine, ms, percentile, run_async, table
+from bench.serve import http_session
+
+__all__ = ["build_parser", "main", "run"]
+
+MODEL: Final = "demo"
+OWN_ADAPTER: Final = "only-on-victim"
+SETTLE_S: Final = 0.5
+"""Load runs this long before the kill, and this long after the worker is gone."""
+GONE_TIMEOUT_S: Final = 60.0
+
+
+@dataclass
+class _Traffic:
+    """Requests finished during a round: (finish time, ok, latency) per kind."""
+
+    done: dict[str, list[tuple[float, bool, float]]] = field(default_factory=dict)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def loop(self, kind: str, open_call: Session) -> None:
+        """One closed-loop client until ``stop``; reconnects after a failed connection."""
+        log = self.done.setdefault(kind, [])
+        call, close = await open_call()
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            try:
+                ok = (await call()).ok
+            except (OSError, asyncio.IncompleteReadError):
+                ok = False
+                await close()
+                call, close = await open_call()
+            log.append((time.perf_counter(), ok, time.perf_counter() - started))
+        await close()
+
+
+async def _wait(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float = GONE_TIMEOUT_S
+) -> float:
+    """Poll ``condition()`` (async) until true; returns when it became true (perf_counter)."""
+    deadline = time.perf_counter() + timeout_s
+    while not await condition():
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the frontend never showed the change")
+        await asyncio.sleep(0.005)
+    return time.perf_counter()
+
+
+async def _instances(frontend: Service) -> int:
+    _status, body, _size = await http_get_json("127.0.0.1", frontend.port, "/health")
+    return int(body["instances"])  # type: ignore[index]
+
+
+async def _start_victim(
+    cluster: BenchCluster, models: FrontendModels, frontend: Service, speed: tuple[str, ...]
+) -> Service:
+    victim = cluster.worker(MODEL, "--enable-lora", *speed)
+    body = {"lora_name": OWN_ADAPTER, "source": {"uri": cluster.adapter(OWN_ADAPTER)}}
+    status = await admin(victim, "load_lora", body)
+    if status != 200:
+        raise RuntimeError(f"load_lora on the victim answered HTTP {status}")
+    needle = f'"id":"{OWN_ADAPTER}"'.encode()
+
+    async def ready() -> bool:
+        return needle in await models.models() and await _instances(frontend) == 2
+
+    await _wait(ready)
+    return victim
+
+
+def _speed(args: argparse.Namespace) -> tuple[str, ...]:
+    return ("--mocker-time-per-token-s", str(args.time_per_token_s))
+
+
+async def _round(
+    cluster: BenchCluster, frontend: Service, models: FrontendModels, args: argparse.Namespace
+) -> dict[str, Any]:
+    victim = await _start_victim(cluster, models, frontend, _speed(args))
+    traffic = _Traffic()
+    sessions = {"whole": http_session(frontend.port, stream=False),
+                "stream": http_session(frontend.port, stream=True)}  # fmt: skip
+    tasks = [asyncio.create_task(traffic.loop("whole", sessions["whole"]))
+             for _ in range(args.concurrency)]  # fmt: skip
+    tasks += [asyncio.create_task(traffic.loop("stream", sessions["stream"]))
+              for _ in range(args.stream_concurrency)]  # fmt: skip
+    await asyncio.sleep(SETTLE_S)
+    killed_at = time.perf_counter()
+    victim.stop(kill=True)
+    needle = f'"id":"{OWN_ADAPTER}"'.encode()
+
+    async def adapter_gone() -> bool:
+        return needle not in await models.models()
+
+    async def one_instance() -> bool:
+        return await _instances(frontend) == 1
+
+    gone_at = await _wait(adapter_gone)
+    counted_at = await _wait(one_instance)
+    await asyncio.sleep(SETTLE_S)
+    traffic.stop.set()
+    await asyncio.gather(*tasks)
+    cluster.services.remove(victim)
+    return _round_figures(traffic, killed_at, gone_at, counted_at)
+
+
+def _round_figures(
+    traffic: _Traffic, killed_at: float, gone_at: float, counted_at: float
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {
+        "models_gone_s": round(gone_at - killed_at, 3),
+        "health_one_instance_s": round(counted_at - killed_at, 3),
+    }
+    for kind, done in traffic.done.items():
+        after_kill = [(ok, latency) for end, ok, latency in done if end >= killed_at]
+        figures[kind] = {
+            "requests": len(done),
+            "failed": sum(1 for _end, ok, _latency in done if not ok),
+            "requests_after_kill": len(after_kill),
+            "max_latency_after_kill_ms": ms(max((lat for _ok, lat in after_kill), default=None)),
+            "p50_latency_ms": ms(percentile([lat for _end, _ok, lat in done], 0.5)),
+        }
+    return figures
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start a frontend and a survivor worker, then kill a victim worker ``--rounds`` times."""
+    with BenchCluster(lease_ttl_s=args.lease_ttl_s) as cluster:
+        cluster.worker(MODEL, *_speed(args))
+        frontend = cluster.frontend()
+        models = FrontendModels(frontend)
+        rounds = [await _round(cluster, frontend, models, args) for _ in range(args.rounds)]
+    return {
+        "bench": "failover",
+        "machine": machine(),
+        "settings": {"rounds": args.rounds, "lease_ttl_s": args.lease_ttl_s,
+                     "concurrency": args.concurrency, "stream_concurrency": args.stream_concurrency,
+                     "mocker_time_per_token_s": args.time_per_token_s},
+        "results": _summary(rounds),
+        "rounds": rounds,
+    }  # fmt: skip
+
+
+def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    gone = [r["models_gone_s"] for r in rounds]
+    counted = [r["health_one_instance_s"] for r in rounds]
+    return {
+        "models_gone_p50_s": percentile(gone, 0.5),
+        "models_gone_max_s": max(gone),
+        "health_one_instance_p50_s": percentile(counted, 0.5),
+        "failed_whole": sum(r["whole"]["failed"] for r in rounds if "whole" in r),
+        "requests_whole": sum(r["whole"]["requests"] for r in rounds if "whole" in r),
+        "failed_stream": sum(r["stream"]["failed"] for r in rounds if "stream" in r),
+        "requests_stream": sum(r["stream"]["requests"] for r in rounds if "stream" in r),
+    }
+
+
+def _text(results: dict[str, Any], rounds: list[dict[str, Any]], ttl_s: int) -> str:
+    headers = ["round", "gone s", "health s", "whole failed/total", "whole max ms after kill",
+               "stream failed/total"]  # fmt: skip
+    rows = [
+        [index + 1, r["models_gone_s"], r["health_one_instance_s"],
+         f"{r['whole']['failed']}/{r['whole']['requests']}" if "whole" in r else "-",
+         r["whole"]["max_latency_after_kill_ms"] if "whole" in r else None,
+         f"{r['stream']['failed']}/{r['stream']['requests']}" if "stream" in r else "-"]
+        for index, r in enumerate(rounds)
+    ]  # fmt: skip
+    return f"lease TTL {ttl_s} s\n" + table(headers, rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's flags."""
+    parser = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lease-ttl-s", type=int, default=3, help="workers' DYN_LEASE_TTL")
+    parser.add_argument("--concurrency", type=int, default=8, help="non-streaming clients")
+    parser.add_argument("--stream-concurrency", type=int, default=2, help="streaming clients")
+    parser.add_argument("--time-per-token-s", type=float, default=0.002, help="mocker speed")
+    add_output_flags(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print (and optionally write) its figures."""
+    args = build_parser().parse_args(argv)
+    results = run_async(run(args))
+    emit(results, _text(results["results"], results["rounds"], args.lease_ttl_s), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

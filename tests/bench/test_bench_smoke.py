@@ -1,0 +1,71 @@
+"""The benchmarks run end to end and print well-formed figures (never timed here).
+
+Each runs as ``python -m bench.<name>`` with a tiny duration, starting its own
+etcd, NATS, frontend and workers; only the shape of the JSON and the errors
+that must be zero are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BENCH_TIMEOUT_S = 150
+
+
+def _bench(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", *args, "--json", str(out)],
+        capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), "the table is missing"
+    result = json.loads(out.read_text())
+    assert result["bench"] == name
+    assert {"cpus", "load_avg_1_5_15"} <= result["machine"].keys()
+    return result
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_serve_reports_every_mode_and_concurrency_without_errors(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "serve", "--duration-s", "0.3", "--warmup-s", "0.1",
+                    "--concurrency", "1", "4")  # fmt: skip
+    rows = {(row["mode"], row["concurrency"]): row for row in result["results"]}
+    assert set(rows) == {(m, c) for m in ("chat", "chat-stream", "nats") for c in (1, 4)}
+    for (mode, _concurrency), row in rows.items():
+        assert row["errors"] == 0 and row["requests_per_s"] > 0
+        assert row["p50_ms"] <= row["p99_ms"]
+        assert {"frontend", "workers", "client", "nats_server"} == row["cpu_ms_per_request"].keys()
+        assert (row["ttft_p50_ms"] is None) == (mode == "chat")
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_lora_reports_rounds_empty_populated_and_cold_without_errors(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "lora", "--rounds", "3", "--adapters", "8", "--workers", "2",
+                    "--samples", "5", "--cold-rounds", "2")  # fmt: skip
+    assert set(result["results"]) == {"empty", "populated", "cold_mocker"}
+    cold = result["results"].pop("cold_mocker")
+    assert cold["rounds"] == 2 and cold["cold_p50_ms"] is not None
+    for scenario in result["results"].values():
+        assert scenario["rounds"] == 3 and scenario["errors"] == 0
+        assert scenario["visible_p50_ms"] is not None and scenario["gone_p50_ms"] is not None
+    assert result["results"]["empty"]["models_entries"] == 1  # the base model
+    assert result["results"]["populated"]["models_entries"] == 9  # and eight adapters
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_failover_loses_no_whole_request_when_a_worker_is_killed(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "failover", "--rounds", "1", "--lease-ttl-s", "1")
+    summary = result["results"]
+    assert summary["failed_whole"] == 0 and summary["requests_whole"] > 0
+    assert summary["models_gone_max_s"] > 0
+    (only,) = result["rounds"]
+    assert only["whole"]["requests_after_kill"] > 0
