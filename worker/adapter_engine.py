@@ -12,6 +12,9 @@ import abc
 import contextlib
 from pathlib import Path
 
+import msgspec
+
+from proto.discovery import ModelDeploymentCard
 from worker.engine import EngineHandler, LLMEngine, ModelEndpoint
 from worker.lora_controller import AdapterSource, LoraController
 
@@ -37,6 +40,14 @@ class AdapterEngine(LLMEngine):
                 source=self._adapter_source,
                 base_card=self.base_card(),
             )
+
+    def base_card(self) -> ModelDeploymentCard:
+        """The base card; ``runtime_config.enable_lora`` says whether adapters load here."""
+        card = super().base_card()
+        runtime = msgspec.structs.replace(
+            card.runtime_config, enable_lora=self._adapter_source is not None
+        )
+        return msgspec.structs.replace(card, runtime_config=runtime)
 
     def supported_updates(self) -> dict[str, EngineHandler]:
         """``load_lora``, ``unload_lora`` and ``list_loras`` when adapters are enabled."""

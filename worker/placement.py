@@ -90,10 +90,11 @@ class Placement:
         await self._cards.aclose()
 
     def peers(self) -> list[int]:
-        """Live instances (this one included) that serve the same base model."""
+        """Live instances (this one included) that serve the same base model and load adapters."""
         peers = {self._instance_id}
         for key, card in self._cards.items.items():
-            if card.lora is None and card.display_name == self._base_model:
+            same_base = card.lora is None and card.display_name == self._base_model
+            if same_base and card.runtime_config.enable_lora:
                 peers.add(parse_card_key(key)[1])
         return sorted(peers)
 

@@ -87,6 +87,8 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
         }  # fmt: skip
         listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
         (card,) = [decode_card(kv.value) for kv in listing if decode_card(kv.value).lora]
+        (base,) = [decode_card(kv.value) for kv in listing if not decode_card(kv.value).lora]
+        assert base.runtime_config.enable_lora and base.runtime_config.max_loras == 8
         assert card.display_name == "pirate" and card.lora.base_model == "demo"
         assert card.lora.uri == adapters["pirate"] and card.lora.local_path.endswith("pirate")
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})

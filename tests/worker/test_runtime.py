@@ -58,6 +58,7 @@ async def test_worker_publishes_instance_and_base_card_under_design_keys(
     )
     card = decode_card(card_raw.value)
     assert card.display_name == "tiny" and card.lora is None
+    assert not card.runtime_config.enable_lora  # no LoRA management on this worker
     assert b'\n  "display_name": "tiny"' in card_raw.value  # readable through etcdctl
 
 
