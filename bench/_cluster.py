@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from discovery.keys import nats_subject
-from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from launch.local_servers import LocalServer, free_port, start_etcd, start_nats, stop_process
 
 __all__ = ["BenchCluster", "Service", "make_adapter_dir"]
 
@@ -71,13 +70,7 @@ class Service:
 
     def stop(self, *, kill: bool = False) -> None:
         """SIGTERM (or SIGKILL) and wait for the exit."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, kill=kill, timeout_s=STOP_TIMEOUT_S)
 
     def tail(self, lines: int = 30) -> str:
         """The last lines of its log."""

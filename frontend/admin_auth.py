@@ -6,12 +6,12 @@ Without a configured token the routes are open, as the worker's are without
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from proto.auth import bearer_token_accepted
 from proto.errors import UnauthorizedError
 
 __all__ = ["require_admin_token"]
@@ -22,10 +22,7 @@ def require_admin_token(
 ) -> None:
     """Litestar guard: raise ``UnauthorizedError`` (401) unless the bearer token matches."""
     token: str | None = connection.app.state.config.admin_token
-    if not token:
-        return
-    given = connection.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    if not bearer_token_accepted(connection.headers.get("authorization"), token):
         raise UnauthorizedError(
             "this route changes the fleet's desired adapters and needs "
             "'Authorization: Bearer <token>' (the frontend's DYN_ADMIN_TOKEN)"

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["LocalServer", "find_binary", "free_port", "start_etcd", "start_nats"]
+__all__ = [
+    "LocalServer",
+    "find_binary",
+    "free_port",
+    "start_etcd",
+    "start_nats",
+    "stop_process",
+]
 
 START_TIMEOUT_S: Final = 15.0
 STOP_TIMEOUT_S: Final = 5.0
@@ -46,20 +53,27 @@ class LocalServer:
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server by PID (SIGTERM, or SIGKILL when ``kill``), waiting for it to exit."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(STOP_TIMEOUT_S)
+        stop_process(self.process, kill=kill)
 
     def restart(self) -> None:
         """Start the server again on the same port with the same data directory."""
         self.stop()
         restarted = _spawn(self.name, self.restart_args, self.data_dir, self.url, _health(self))
         self.process = restarted.process
+
+
+def stop_process(
+    process: subprocess.Popen[bytes], *, kill: bool = False, timeout_s: float = STOP_TIMEOUT_S
+) -> None:
+    """SIGTERM (or SIGKILL) a child and wait; SIGKILL it if it outlives ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout_s)
 
 
 def free_port() -> int:

@@ -14,6 +14,9 @@ from proto.adapters import (
     validate_adapter_spec,
     validate_lora_name,
 )
+from proto.auth import (
+    bearer_token_accepted,
+)
 from proto.discovery import (
     Instance,
     LoraInfo,
@@ -149,6 +152,7 @@ __all__ = [
     "UpstreamError",
     "Usage",
     "UsageInfo",
+    "bearer_token_accepted",
     "chosen_instances",
     "decode_adapter_spec",
     "decode_card",

@@ -127,13 +127,8 @@ class LoraController:
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         uri = self._check_uri(name, request.source.uri)
         async with self._lock(name):
-            try:
+            with _counted("load", name):
                 message = await self._load_locked(name, uri)
-            except LorafleetError as exc:
-                metrics.ADAPTER_OPERATIONS.labels("load", exc.code).inc()
-                exc.fields.setdefault("lora_name", name)
-                raise
-        metrics.ADAPTER_OPERATIONS.labels("load", "ok").inc()
         return LoraResponse(
             status="success", message=message, lora_name=name, lora_id=lora_id(name)
         )
@@ -143,14 +138,9 @@ class LoraController:
         request = _convert(body, UnloadLoraRequest)
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         async with self._lock(name):
-            try:
+            with _counted("unload", name):
                 adapter = self._loaded_or_error(name)
                 await self._unload_locked(name, adapter)
-            except LorafleetError as exc:
-                metrics.ADAPTER_OPERATIONS.labels("unload", exc.code).inc()
-                exc.fields.setdefault("lora_name", name)
-                raise
-        metrics.ADAPTER_OPERATIONS.labels("unload", "ok").inc()
         return LoraResponse(
             status="success",
             message=f"adapter {name!r} unloaded",
@@ -303,6 +293,18 @@ class LoraController:
         return msgspec.structs.replace(
             base, display_name=name, slug=lora_slug(name), source_path=str(path), lora=info
         )
+
+
+@contextlib.contextmanager
+def _counted(operation: str, name: str) -> Iterator[None]:
+    """Count the operation's outcome; errors leaving it name the adapter."""
+    try:
+        yield
+    except LorafleetError as exc:
+        metrics.ADAPTER_OPERATIONS.labels(operation, exc.code).inc()
+        exc.fields.setdefault("lora_name", name)
+        raise
+    metrics.ADAPTER_OPERATIONS.labels(operation, "ok").inc()
 
 
 def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -20,6 +19,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from proto.auth import bearer_token_accepted
 from proto.errors import InvalidRequestError, UnauthorizedError, http_status
 from proto.inference import UpdateReply
 from worker.engine_registry import EngineRegistry
@@ -50,10 +50,7 @@ class StatusState:
 
     def check_auth(self, request: Request[Any, Any, Any]) -> None:
         """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
-        if not self.auth_token:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.auth_token}".encode()):
+        if not bearer_token_accepted(request.headers.get("authorization"), self.auth_token):
             raise UnauthorizedError(
                 "this route changes adapters and needs 'Authorization: Bearer <token>' "
                 "(the worker's DYN_SYSTEM_AUTH_TOKEN)"
