@@ -6,9 +6,10 @@ fixtures start them with testcontainers instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,28 +28,32 @@ def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("servers")
 
 
+@contextlib.contextmanager
+def _shared_server(
+    name: str, start: Callable[[Path], LocalServer], data_dir: Path
+) -> Iterator[str]:
+    """A session-wide server: a container when LORAFLEET_TEST_CONTAINERS=1, else the binary."""
+    if os.environ.get("LORAFLEET_TEST_CONTAINERS") == "1":
+        with container_servers(name) as url:
+            yield url
+        return
+    server = start(data_dir)
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def etcd_url(servers_dir: Path) -> Iterator[str]:
     """URL of a shared etcd for the whole session."""
-    if os.environ.get("LORAFLEET_TEST_CONTAINERS") == "1":
-        with container_servers("etcd") as url:
-            yield url
-        return
-    server = start_etcd(servers_dir / "etcd-shared")
-    yield server.url
-    server.stop()
+    with _shared_server("etcd", start_etcd, servers_dir / "etcd-shared") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
 def nats_url(servers_dir: Path) -> Iterator[str]:
     """URL of a shared NATS server for the whole session."""
-    if os.environ.get("LORAFLEET_TEST_CONTAINERS") == "1":
-        with container_servers("nats") as url:
-            yield url
-        return
-    server = start_nats(servers_dir / "nats-shared")
-    yield server.url
-    server.stop()
+    with _shared_server("nats", start_nats, servers_dir / "nats-shared") as url:
+        yield url
 
 
 @pytest.fixture
