@@ -18,6 +18,9 @@ ETCD_OP_TIMEOUT_S: Final = 3
 """Every etcd call fails after this long, so an unreachable etcd never hangs a request."""
 
 _DEFAULT_PORT: Final = 2379
+_CHANNEL_OPTIONS: Final = {"grpc.use_local_subchannel_pool": 1}
+"""Each client its own connections: gRPC otherwise shares them process-wide, and a new
+client would inherit another's reconnect backoff and fail at once after an etcd restart."""
 
 
 class EtcdClient(aetcd.Client):
@@ -48,7 +51,7 @@ def parse_endpoint(endpoints: str) -> tuple[str, int]:
 async def connect_etcd(endpoints: str, *, timeout_s: int = ETCD_OP_TIMEOUT_S) -> EtcdClient:
     """Connect to etcd and check it answers; raises ``EtcdUnavailableError`` otherwise."""
     host, port = parse_endpoint(endpoints)
-    client = EtcdClient(host=host, port=port, timeout=timeout_s)
+    client = EtcdClient(host=host, port=port, timeout=timeout_s, options=_CHANNEL_OPTIONS)
     client.endpoint = f"{host}:{port}"
     with client.errors("connect"):
         await client.connect()
