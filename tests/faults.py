@@ -13,7 +13,11 @@ from launch.local_servers import free_port
 
 
 class TcpProxy:
-    """Forwards 127.0.0.1:``port`` to ``target_port``; ``cut()`` drops every connection."""
+    """Forwards 127.0.0.1:``port`` to ``target_port``.
+
+    ``cut()`` drops every connection (the peer sees a reset); ``stall()`` keeps
+    them open but forwards nothing (a hung server, a half-open network).
+    """
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
@@ -21,6 +25,7 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._links: set[asyncio.StreamWriter] = set()
         self.is_cut = False
+        self.is_stalled = False
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -37,8 +42,13 @@ class TcpProxy:
             writer.transport.abort()
         self._links.clear()
 
+    def stall(self) -> None:
+        """Keep every connection open but forward no byte, until ``restore()``."""
+        self.is_stalled = True
+
     def restore(self) -> None:
         self.is_cut = False
+        self.is_stalled = False
 
     async def aclose(self) -> None:
         self.cut()
@@ -63,6 +73,8 @@ class TcpProxy:
             while data := await reader.read(65536):
                 if self.is_cut:
                     break
+                if self.is_stalled:
+                    continue
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()

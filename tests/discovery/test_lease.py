@@ -11,10 +11,11 @@ import textwrap
 
 import pytest
 
-from discovery.client import connect_etcd
+from discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
 from discovery.errors import EtcdUnavailableError
 from discovery.lease import LeaseKeeper, LeaseState
 from launch.local_servers import LocalServer
+from tests.faults import TcpProxy
 
 TTL_S = 2
 
@@ -31,7 +32,7 @@ async def test_records_of_a_killed_process_vanish_within_ttl(etcd_url, etcd, nam
         import asyncio, sys
         from discovery.logs import configure_logging
         configure_logging(process="owner")
-        from discovery.client import connect_etcd
+        from discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
         from discovery.lease import LeaseKeeper
         async def main():
             etcd = await connect_etcd({etcd_url!r})
@@ -100,3 +101,19 @@ async def test_put_while_etcd_is_down_raises_a_clear_error(own_etcd: LocalServer
     assert f"{namespace}/a" not in keeper.records
     await keeper.aclose(revoke=False)
     await etcd.close()
+
+
+async def test_calls_to_an_etcd_that_never_answers_fail_instead_of_hanging(etcd_url, namespace):
+    proxy = await TcpProxy(int(etcd_url.rsplit(":", 1)[1])).start()
+    etcd = await connect_etcd(proxy.url)
+    keeper = await LeaseKeeper.grant(etcd, TTL_S)
+    proxy.stall()
+    async with asyncio.timeout(ETCD_OP_TIMEOUT_S * 3):  # a guard: a hang fails the test
+        with pytest.raises(EtcdUnavailableError, match=f"put of '{namespace}/a' failed"):
+            await keeper.put(f"{namespace}/a", b"1")
+        while keeper.state is not LeaseState.RECOVERING:  # keep-alives time out too
+            await asyncio.sleep(0.05)
+    proxy.restore()
+    await keeper.aclose(revoke=False)
+    await etcd.close()
+    await proxy.aclose()
