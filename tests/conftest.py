@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,3 +90,19 @@ def pytest_configure(config: pytest.Config) -> None:
     from discovery.logs import configure_logging
 
     configure_logging(process="tests", level="warning")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Report a failure even when CPython 3.11.7's AST bug (python/cpython#106905) breaks
+    pytest's source-reading traceback: CI once lost a whole run to that INTERNALERROR.
+    From then on failures show native tracebacks, which read no source through ``ast``."""
+    try:
+        return (yield)
+    except SystemError as exc:
+        if "AST constructor recursion depth mismatch" not in str(exc):
+            raise
+        item.config.option.tbstyle = "native"
+        return pytest.TestReport.from_item_and_call(item, call)
