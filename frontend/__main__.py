@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Final
 
 import uvicorn
+from litestar import Litestar
 
 from discovery.logs import configure_logging
 from frontend.app import create_app
@@ -94,6 +96,19 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
+class _ExplainedStartupFailure(logging.Filter):
+    """Drops uvicorn's copy of the traceback of a start-up failure that the lifespan
+    already logged as one line saying what to do (``frontend cannot start``)."""
+
+    def __init__(self, app: Litestar) -> None:
+        super().__init__()
+        self._app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        explained = getattr(self._app.state, "startup_error", None) is not None
+        return not (explained and "Traceback (most recent call last)" in record.getMessage())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, configure logging and serve until SIGTERM/SIGINT."""
     parser = build_parser()
@@ -103,14 +118,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(process="frontend")
+    app = create_app(config)
+    logging.getLogger("uvicorn.error").addFilter(_ExplainedStartupFailure(app))
     server = _Server(
         uvicorn.Config(
-            create_app(config), host=config.http_host, port=config.http_port,
+            app, host=config.http_host, port=config.http_port,
             loop="uvloop", http="httptools", lifespan="on", access_log=False, log_config=None,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, server_header=False,
         )
     )  # fmt: skip
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's way of saying the lifespan failed
+        return 1
     return 0 if server.started else 1
 
 

@@ -60,6 +60,7 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
             await _start_services(app, config, stack)
         except LorafleetError as exc:
             log.error("frontend cannot start", error=exc.message)
+            app.state.startup_error = exc.message  # says it all: __main__ drops the traceback
             raise
         log.info("frontend ready", namespace=config.namespace, router=config.router,
                  models=len(app.state.registry.names()))  # fmt: skip

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from frontend.config import FrontendConfig
-from launch.local_servers import start_nats
+from launch.local_servers import free_port, start_nats
 from proto.errors import ErrorInfo
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import Behaviour, StandInWorker
@@ -255,6 +258,20 @@ async def test_health_follows_the_nats_connection(etcd_url, namespace, tmp_path)
             await _until_status(frontend, 200)
     finally:
         own_nats.stop()
+
+
+def test_unreachable_etcd_stops_the_frontend_with_one_clear_line(nats_url) -> None:
+    etcd_port = free_port()  # nothing listens there
+    env = {**os.environ, "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd_port}", "NATS_SERVER": nats_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "frontend", "--http-port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "frontend cannot start" in done.stderr
+    assert f"etcd at 127.0.0.1:{etcd_port} is unavailable" in done.stderr
+    assert "ETCD_ENDPOINTS" in done.stderr  # what to check
+    assert "Traceback" not in done.stderr
 
 
 async def _until_status(frontend, status: int) -> None:
