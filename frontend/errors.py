@@ -13,6 +13,8 @@ Hierarchy::
     └── LoadTimeoutError         an on-demand adapter load took too long         503
     proto.errors.UpstreamError
     └── WorkerError              a worker answered with an error                 502
+    proto.errors.LorafleetError
+    └── ClientGoneError          the client hung up before a whole answer        499
 
 The code -> HTTP status table is ``proto.errors.HTTP_STATUS_BY_CODE``, shared with workers.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import ClassVar, Final
 
 from proto.errors import (
     HTTP_STATUS_BY_CODE,
@@ -37,6 +39,7 @@ from proto.openai import OpenAIError, OpenAIErrorResponse
 __all__ = [
     "BadFieldError",
     "BaseModelUnavailableError",
+    "ClientGoneError",
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
     "LoadTimeoutError",
@@ -93,6 +96,18 @@ class BadFieldError(InvalidRequestError):
     def __init__(self, param: str, problem: str) -> None:
         self.param = param
         super().__init__(f"Invalid request: {param}: {problem}")
+
+
+class ClientGoneError(LorafleetError):
+    """The client hung up while its whole (non-streamed) answer was being generated."""
+
+    code: ClassVar[str] = "client_gone"
+
+    def __init__(self, model: str, request_id: str) -> None:
+        super().__init__(
+            f"Client closed the connection before the answer to request {request_id!r} "
+            f"(model {model!r}) was complete; its generation was cancelled"
+        )
 
 
 class ModelNotFoundError(NotFoundError):

@@ -5,10 +5,12 @@ decided before its first byte: errors up to the first chunk answer with their
 status; later ones end the stream with an ``error`` event and ``[DONE]``.
 A desired adapter that left its instances between lookup and dispatch (evicted,
 instance gone) is loaded again on demand and the request dispatched once more.
+A client that hangs up cancels its request at the worker, streamed or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import weakref
@@ -18,9 +20,10 @@ from typing import Final, TypeAlias, TypeVar
 import msgspec
 import structlog
 from litestar.response import Stream
+from litestar.types import Receive
 
 from frontend.dispatcher import Dispatcher, TokenStream
-from frontend.errors import NoLiveInstanceError, WorkerError, openai_error
+from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError, openai_error
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.resolver import ModelResolver
@@ -61,15 +64,18 @@ class GenerationService:
         self.metrics = metrics
 
     async def generate(
-        self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body]
+        self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], receive: Receive
     ) -> msgspec.Struct | Stream:
-        """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming."""
+        """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming.
+
+        ``receive`` is the request's ASGI channel, watched for the client hanging up.
+        """
         started = time.perf_counter()
         served, request, answer = await self._prepare(body, shape, to_generate, started)
         self.metrics.started(answer.model, shape.endpoint)
         if body.stream:
             return await self._open_stream(served, request, shape, answer, body, started)
-        return await self._whole(served, request, shape, answer, started)
+        return await self._whole(served, request, shape, answer, started, receive)
 
     async def _prepare(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], started: float
@@ -96,9 +102,14 @@ class GenerationService:
         shape: Shape,
         answer: Answer,
         started: float,
+        receive: Receive,
     ) -> msgspec.Struct:
         try:
-            completion = await self._dispatch(self.dispatcher.complete, served, request)
+            completion = await _unless_client_gone(
+                self._dispatch(self.dispatcher.complete, served, request),
+                receive,
+                ClientGoneError(answer.model, answer.id),
+            )
         except LorafleetError as exc:
             self._count_failure(answer.model, shape.endpoint, exc, started)
             raise
@@ -208,3 +219,31 @@ class GenerationService:
         status, _body = openai_error(exc)
         self.metrics.failed(label, endpoint, exc.code)
         self.metrics.answered(label, endpoint, status, time.perf_counter() - started)
+
+
+async def _until_disconnected(receive: Receive) -> None:
+    """Return when the client hangs up: once the body is read, the next ASGI message
+    on the request's channel is ``http.disconnect``."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_gone(
+    work: Awaitable[_Answer], receive: Receive, gone: ClientGoneError
+) -> _Answer:
+    """Await ``work``; cancel it (and so its request at the worker) and raise ``gone`` if the
+    client hangs up first. Without this a dropped client's answer is generated to the end."""
+    working = asyncio.ensure_future(work)
+    watching = asyncio.ensure_future(_until_disconnected(receive))
+    try:
+        await asyncio.wait((working, watching), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        working.cancel()
+        raise
+    finally:
+        watching.cancel()
+    if not working.done():
+        working.cancel()
+        await asyncio.gather(working, return_exceptions=True)
+        raise gone
+    return working.result()

@@ -126,6 +126,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "internal_error": 500,
     "upstream_error": 502,
     "unavailable": 503,
+    "client_gone": 499,  # nginx's "client closed request": counted, never seen by the client
 }
 """The one table from error code to HTTP status, used by the worker and the frontend."""
 

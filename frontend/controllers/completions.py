@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from litestar import Controller, post
+from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
@@ -33,8 +33,11 @@ class CompletionsController(Controller):
         responses=GENERATE_ERRORS,
     )
     async def create(
-        self, data: JSONBody[CompletionRequest], service: NamedDependency[GenerationService]
+        self,
+        request: Request,
+        data: JSONBody[CompletionRequest],
+        service: NamedDependency[GenerationService],
     ) -> CompletionResponse | Stream:
         """Answer a completions request through a worker that serves its model."""
-        answer = await service.generate(data, COMPLETIONS, completion_to_generate)
+        answer = await service.generate(data, COMPLETIONS, completion_to_generate, request.receive)
         return cast("CompletionResponse | Stream", answer)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from frontend.config import FrontendConfig
@@ -178,6 +179,19 @@ async def test_a_client_that_disconnects_cancels_the_request_at_the_worker(
                 break
     await _until(lambda: worker.cancelled == [worker.generated[0].request_id])
     await _until(lambda: frontend.app.state.plane.open_replies == 0)
+
+
+async def test_a_client_that_hangs_up_on_a_whole_answer_cancels_it_at_the_worker(
+    frontend, workers, nats_url, etcd, namespace
+) -> None:
+    worker = await _start(workers, nats_url, etcd, namespace, token_delay_s=0.05)
+    await wait_for_models(frontend, {"demo"})
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        await frontend.http.post(CHAT, json=_chat(max_tokens=1000), timeout=0.5)
+    await _until(lambda: worker.cancelled == [worker.generated[0].request_id])
+    await _until(lambda: frontend.app.state.plane.open_replies == 0)
+    metrics = (await frontend.http.get("/metrics")).text
+    assert 'code="client_gone"' in metrics
 
 
 async def test_stream_carries_role_tokens_finish_and_usage(
