@@ -1,7 +1,8 @@
 """Load a desired adapter that no live instance has, where placement ranks first, once.
 
-The instances serving the adapter's base model are tried in rendezvous order
-(the order every worker's placement uses) with the lifecycle's ``load_lora``
+The instances serving the adapter's base model with LoRA management on (their
+base card's ``runtime_config.enable_lora``) are tried in rendezvous order (the
+instances and order every worker's placement uses) with the lifecycle's ``load_lora``
 over NATS. Concurrent requests for the same cold adapter share one load; the
 load runs in its own task, so a client that gives up does not cancel it. The
 answer is the served model once this frontend's registry shows the new card.
@@ -114,7 +115,11 @@ class OnDemandLoader:
         base = self._registry.get(spec.base_model)
         if base is None or base.parent is not None:
             raise BaseModelUnavailableError(spec.name, spec.base_model)
-        by_id = {instance.instance_id: instance for instance in base.instances}
+        by_id = {
+            instance.instance_id: instance
+            for instance in base.instances
+            if self._manages_adapters(base.name, instance.instance_id)
+        }
         last: LorafleetError | None = None
         for instance_id in rendezvous_order(spec.name, by_id):
             try:
@@ -130,6 +135,12 @@ class OnDemandLoader:
             log.info("on-demand load goes to the next instance", adapter=spec.name,
                      instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
         raise last or BaseModelUnavailableError(spec.name, spec.base_model)
+
+    def _manages_adapters(self, base_model: str, instance_id: int) -> bool:
+        """Whether the instance's base card says it loads adapters (``--enable-lora`` and
+        ``DYN_LORA_ENABLED``): asking the others only costs a 404 each."""
+        card = self._registry.card_on(base_model, instance_id)
+        return card is not None and card.runtime_config.enable_lora
 
     async def _load_on(self, instance: Instance, spec: AdapterSpec) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""

@@ -139,6 +139,13 @@ class ModelRegistry:
         """The served model called ``name``, or None."""
         return self._current().get(name)
 
+    def card_on(self, name: str, instance_id: int) -> ModelDeploymentCard | None:
+        """The card that instance ``instance_id`` published for ``name``, or None."""
+        for (_path, owner_id), card in self._cards.get(name, {}).values():
+            if owner_id == instance_id:
+                return card
+        return None
+
     def models(self) -> list[ServedModel]:
         """Every served model, base models and adapters, sorted by name."""
         return list(self._current().values())

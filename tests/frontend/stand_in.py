@@ -2,8 +2,10 @@
 
 It serves the request plane like a worker (``TokenChunk``s then a ``FinalChunk``)
 but can also stay mute, fail, or go slowly, so the frontend's failure paths
-can be driven exactly. With ``answer_loads`` it serves ``update/load_lora`` by
-publishing the adapter's card (otherwise it never answers updates). The real
+can be driven exactly. Its base card says LoRA management is on unless
+``enable_lora=False``. With ``answer_loads`` it serves ``update/load_lora`` by
+publishing the adapter's card; otherwise it never answers updates, only records
+them. The real
 worker (``python -m worker``) is used by the end-to-end tests.
 """
 
@@ -21,7 +23,13 @@ from nats.aio.msg import Msg
 from discovery.client import EtcdClient
 from discovery.keys import base_card_key, instance_key, lora_card_key, nats_subject
 from discovery.lease import LeaseKeeper
-from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
+from proto.discovery import (
+    Instance,
+    LoraInfo,
+    ModelDeploymentCard,
+    RuntimeConfig,
+    encode_record,
+)
 from proto.errors import ErrorInfo
 from proto.inference import (
     CancelRequest,
@@ -66,6 +74,7 @@ class StandInWorker:
         error: ErrorInfo | None = None,
         context_length: int = 2048,
         answer_loads: bool = False,
+        enable_lora: bool = True,
     ) -> None:
         self.nats_url = nats_url
         self.etcd = etcd
@@ -77,7 +86,9 @@ class StandInWorker:
         self.error = error or ErrorInfo(code="internal_error", message="engine exploded")
         self.context_length = context_length
         self.answer_loads = answer_loads
+        self.enable_lora = enable_lora
         self.loads: list[str] = []
+        self.updates: list[str] = []
         self.generated: list[GenerateRequest] = []
         self.cancelled: list[str] = []
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -108,6 +119,7 @@ class StandInWorker:
         return ModelDeploymentCard(
             display_name=self.model, slug=lora_slug(self.model),
             source_path=f"/models/{self.model}", context_length=self.context_length,
+            runtime_config=RuntimeConfig(enable_lora=self.enable_lora),
         )  # fmt: skip
 
     def card(self, adapter: str) -> ModelDeploymentCard:
@@ -137,8 +149,10 @@ class StandInWorker:
             task = self._tasks.pop(message.request_id, None)
             if task is not None:
                 task.cancel()
-        elif isinstance(message, UpdateRequest) and self.answer_loads:
-            await self._load(message.body["lora_name"], msg.reply)
+        elif isinstance(message, UpdateRequest):
+            self.updates.append(message.name)
+            if self.answer_loads:
+                await self._load(message.body["lora_name"], msg.reply)
         elif isinstance(message, GenerateRequest):
             self.generated.append(message)
             task = asyncio.create_task(self._generate(message, msg.reply))

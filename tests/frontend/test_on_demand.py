@@ -245,3 +245,25 @@ async def test_an_adapter_whose_only_instance_died_is_loaded_again_elsewhere(
         assert answer.status_code == 200, answer.text
     assert alive.loads == ["pirate"]
     assert [request.model for request in alive.generated] == ["pirate", "pirate"]
+
+
+async def test_only_instances_with_lora_management_are_asked_to_load(
+    workers, nats_url, etcd, namespace, frontend
+) -> None:
+    without_lora, with_lora = [
+        await StandInWorker(
+            nats_url, etcd, namespace, "demo", answer_loads=lora, enable_lora=lora
+        ).start()
+        for lora in (False, True)
+    ]
+    workers.extend([without_lora, with_lora])
+    ids = [without_lora.instance_id, with_lora.instance_id]
+    # a name that rendezvous hashing ranks first on the instance that cannot load it
+    name = next(n for i in range(100) if rendezvous_order(n := f"a{i}", ids)[0] == ids[0])
+    await _apply(frontend.http, name, f"file:///a/{name}")
+    await wait_for_models(frontend, {"demo"})
+
+    answer = await _complete(frontend.http, name)
+    assert answer.status_code == 200, answer.text
+    assert with_lora.loads == [name]
+    assert without_lora.updates == []
