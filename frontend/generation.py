@@ -233,17 +233,23 @@ async def _unless_client_gone(
 ) -> _Answer:
     """Await ``work``; cancel it (and so its request at the worker) and raise ``gone`` if the
     client hangs up first. Without this a dropped client's answer is generated to the end."""
-    working = asyncio.ensure_future(work)
-    watching = asyncio.ensure_future(_until_disconnected(receive))
+    handler = asyncio.current_task()
+    assert handler is not None  # called from a request handler's task
+    hung_up = False
+
+    async def watch() -> None:
+        nonlocal hung_up
+        await _until_disconnected(receive)
+        hung_up = True
+        handler.cancel()
+
+    watcher = asyncio.create_task(watch())
     try:
-        await asyncio.wait((working, watching), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        working.cancel()
-        raise
+        return await work
+    except asyncio.CancelledError:
+        if not hung_up:
+            raise
+        handler.uncancel()
+        raise gone from None
     finally:
-        watching.cancel()
-    if not working.done():
-        working.cancel()
-        await asyncio.gather(working, return_exceptions=True)
-        raise gone
-    return working.result()
+        watcher.cancel()
