@@ -225,16 +225,24 @@ async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
     assert (await slow).status_code == 200
 
 
+async def _stand_ins(
+    workers: list[StandInWorker], nats_url: str, etcd, namespace: str, *options: dict
+) -> list[StandInWorker]:
+    """Start one stand-in of ``demo`` per ``options``; the ``workers`` fixture stops them."""
+    started = [
+        await StandInWorker(nats_url, etcd, namespace, "demo", **each).start() for each in options
+    ]
+    workers.extend(started)
+    return started
+
+
 async def test_an_adapter_whose_only_instance_died_is_loaded_again_elsewhere(
     workers, nats_url, etcd, namespace, frontend
 ) -> None:
-    dead, alive = [
-        await StandInWorker(
-            nats_url, etcd, namespace, "demo", adapters=adapters, answer_loads=True
-        ).start()
-        for adapters in (("pirate",), ())
-    ]
-    workers.extend([dead, alive])
+    dead, alive = await _stand_ins(
+        workers, nats_url, etcd, namespace,
+        {"adapters": ("pirate",), "answer_loads": True}, {"answer_loads": True},
+    )  # fmt: skip
     await _apply(frontend.http, "pirate", "file:///a/pirate")
     await wait_for_models(frontend, {"demo", "pirate"})
     await dead.stop(retract=False)  # crashed: its cards stay until the lease expires
@@ -250,13 +258,9 @@ async def test_an_adapter_whose_only_instance_died_is_loaded_again_elsewhere(
 async def test_only_instances_with_lora_management_are_asked_to_load(
     workers, nats_url, etcd, namespace, frontend
 ) -> None:
-    without_lora, with_lora = [
-        await StandInWorker(
-            nats_url, etcd, namespace, "demo", answer_loads=lora, enable_lora=lora
-        ).start()
-        for lora in (False, True)
-    ]
-    workers.extend([without_lora, with_lora])
+    without_lora, with_lora = await _stand_ins(
+        workers, nats_url, etcd, namespace, {"enable_lora": False}, {"answer_loads": True}
+    )
     ids = [without_lora.instance_id, with_lora.instance_id]
     # a name that rendezvous hashing ranks first on the instance that cannot load it
     name = next(n for i in range(100) if rendezvous_order(n := f"a{i}", ids)[0] == ids[0])
