@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -19,10 +19,6 @@ __all__ = ["ETCD_OP_TIMEOUT_S", "EtcdClient", "connect_etcd", "parse_endpoint"]
 ETCD_OP_TIMEOUT_S: Final = 3
 """Every etcd call fails after this long, so an unreachable etcd never hangs a request."""
 
-_DEADLINE_GRACE_S: Final = 1.0
-"""Our own asyncio deadline runs this long after gRPC's: a call whose completion gRPC
-never delivers (seen once in CI, with etcd just stopped) still ends, with a clear error."""
-
 _DEFAULT_PORT: Final = 2379
 _CHANNEL_OPTIONS: Final = {"grpc.use_local_subchannel_pool": 1}
 """Each client its own connections: gRPC otherwise shares them process-wide, and a new
@@ -30,26 +26,25 @@ client would inherit another's reconnect backoff and fail at once after an etcd 
 
 
 class EtcdClient(aetcd.Client):
-    """An ``aetcd.Client`` that remembers its endpoint and bounds every call in time."""
+    """An ``aetcd.Client`` that remembers its endpoint for error messages."""
 
     endpoint: str
-    op_timeout_s: float
 
-    @contextlib.asynccontextmanager
-    async def errors(self, operation: str, key: str = "") -> AsyncIterator[None]:
-        """Bound one etcd call in time and turn any failure into ``EtcdUnavailableError``."""
-        deadline_s = self.op_timeout_s + _DEADLINE_GRACE_S
+    @contextlib.contextmanager
+    def errors(self, operation: str, key: str = "") -> Iterator[None]:
+        """Turn any etcd client failure inside the block into ``EtcdUnavailableError``.
+
+        A task cancelled during the call stays cancelled: gRPC sometimes reports a call
+        cancelled under it as failed (UNAVAILABLE while etcd is down), and a retry loop
+        that took that for an etcd error never ended (CI hung in ``LeaseKeeper.aclose``).
+        """
+        task = asyncio.current_task()
+        cancels_before = task.cancelling() if task is not None else 0
         try:
-            async with asyncio.timeout(deadline_s):
-                yield
-        except TimeoutError as exc:
-            raise EtcdUnavailableError(
-                endpoint=self.endpoint,
-                operation=operation,
-                key=key,
-                reason=f"no answer within {deadline_s:g} s",
-            ) from exc
-        except (aetcd.ClientError, grpc.RpcError, OSError) as exc:
+            yield
+        except (TimeoutError, aetcd.ClientError, grpc.RpcError, OSError) as exc:
+            if task is not None and task.cancelling() > cancels_before:
+                raise asyncio.CancelledError from exc
             raise EtcdUnavailableError(
                 endpoint=self.endpoint, operation=operation, key=key, reason=_reason(exc)
             ) from exc
@@ -88,8 +83,7 @@ async def connect_etcd(endpoints: str, *, timeout_s: int = ETCD_OP_TIMEOUT_S) ->
     host, port = parse_endpoint(endpoints)
     client = EtcdClient(host=host, port=port, timeout=timeout_s, options=_CHANNEL_OPTIONS)
     client.endpoint = f"{host}:{port}"
-    client.op_timeout_s = timeout_s
-    async with client.errors("connect"):
+    with client.errors("connect"):
         await client.connect()
         await client.status()
     return client

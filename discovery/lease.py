@@ -50,7 +50,7 @@ class LeaseKeeper:
     @classmethod
     async def grant(cls, etcd: EtcdClient, ttl_s: int) -> LeaseKeeper:
         """Grant a new lease of ``ttl_s`` seconds and start keeping it alive."""
-        async with etcd.errors("grant lease"):
+        with etcd.errors("grant lease"):
             lease = await etcd.lease(ttl_s)
         keeper = cls(etcd, lease.id, ttl_s)
         keeper._task = asyncio.create_task(keeper._keepalive_loop(), name="lease-keepalive")
@@ -72,7 +72,7 @@ class LeaseKeeper:
         """Put ``key`` bound to the lease; raises ``EtcdUnavailableError`` if etcd fails."""
         async with self._lock:
             try:
-                async with self._etcd.errors("put", key):
+                with self._etcd.errors("put", key):
                     await self._etcd.put(key.encode(), value, lease=self.lease_id)
             except Exception:
                 self._dirty = True  # the put may have landed: reconcile removes it
@@ -83,7 +83,7 @@ class LeaseKeeper:
         """Delete ``key``; on failure the record stays owned (and is put back if missing)."""
         async with self._lock:
             try:
-                async with self._etcd.errors("delete", key):
+                with self._etcd.errors("delete", key):
                     await self._etcd.delete(key.encode())
             except Exception:
                 self._dirty = True
@@ -100,7 +100,7 @@ class LeaseKeeper:
             await asyncio.gather(self._task, return_exceptions=True)
         if revoke:
             try:
-                async with self._etcd.errors("revoke lease"):
+                with self._etcd.errors("revoke lease"):
                     await self._etcd.revoke_lease(self.lease_id)
             except Exception as exc:
                 log.warning("lease revoke failed; records expire with the TTL", error=str(exc))
@@ -129,7 +129,7 @@ class LeaseKeeper:
                 await asyncio.sleep(_backoff_s(failures, interval_s))
 
     async def _keepalive_once(self) -> None:
-        async with self._etcd.errors("keep lease alive"):
+        with self._etcd.errors("keep lease alive"):
             ttl_s = await self._etcd.keep_lease_alive(self.lease_id)
         if ttl_s <= 0:
             await self._regrant()
@@ -139,12 +139,14 @@ class LeaseKeeper:
     async def _regrant(self) -> None:
         """Grant the same lease id again and put every owned record back."""
         async with self._lock:
-            async with self._etcd.errors("re-grant lease"):
-                # DuplicateLeaseError: it exists again already; the puts bind to it.
-                with contextlib.suppress(aetcd.exceptions.DuplicateLeaseError):
-                    await self._etcd.lease(self.ttl_s, lease_id=self.lease_id)
+            # DuplicateLeaseError: it exists again already; the puts bind to it.
+            with (
+                self._etcd.errors("re-grant lease"),
+                contextlib.suppress(aetcd.exceptions.DuplicateLeaseError),
+            ):
+                await self._etcd.lease(self.ttl_s, lease_id=self.lease_id)
             for key, value in self._records.items():
-                async with self._etcd.errors("put back", key):
+                with self._etcd.errors("put back", key):
                     await self._etcd.put(key.encode(), value, lease=self.lease_id)
             self._dirty = False
         log.warning("lease re-granted", lease=f"{self.lease_id:x}", records=len(self._records))
@@ -152,14 +154,14 @@ class LeaseKeeper:
     async def _reconcile(self) -> None:
         """Make etcd hold exactly the owned records under the lease."""
         async with self._lock:
-            async with self._etcd.errors("list lease records"):
+            with self._etcd.errors("list lease records"):
                 info = await self._etcd.get_lease_info(self.lease_id, keys=True)
             in_etcd = {key.decode() for key in info.keys}
             for key in in_etcd - self._records.keys():
-                async with self._etcd.errors("delete stray record", key):
+                with self._etcd.errors("delete stray record", key):
                     await self._etcd.delete(key.encode())
             for key in self._records.keys() - in_etcd:
-                async with self._etcd.errors("put back", key):
+                with self._etcd.errors("put back", key):
                     await self._etcd.put(key.encode(), self._records[key], lease=self.lease_id)
             self._dirty = False
 

@@ -97,7 +97,7 @@ class WatchCache(Generic[T]):
 
     async def _follow(self) -> None:
         """Watch from the revision after the last one applied until the stream ends."""
-        async with self._etcd.errors("watch", self.prefix):
+        with self._etcd.errors("watch", self.prefix):
             watch = await self._etcd.watch_prefix(
                 self.prefix.encode(), start_revision=self.revision + 1
             )
@@ -120,7 +120,7 @@ class WatchCache(Generic[T]):
 
     async def _relist(self) -> None:
         """Replace the cache with a fresh listing, telling listeners what changed."""
-        async with self._etcd.errors("list", self.prefix):
+        with self._etcd.errors("list", self.prefix):
             listing = await self._etcd.get_prefix(self.prefix.encode())
         fresh = {kv.key.decode(): kv.value for kv in listing}
         for key in self._items.keys() - fresh.keys():

@@ -61,11 +61,11 @@ class DesiredState:
     async def apply(self, spec: AdapterSpec) -> bool:
         """Store ``spec``; returns False when etcd already held exactly this spec."""
         key = self.key(spec.name)
-        async with self._etcd.errors("get", key):
+        with self._etcd.errors("get", key):
             current = await self._etcd.get(key.encode())
         if current is not None and _decodes_to(current.value, spec):
             return False
-        async with self._etcd.errors("put", key):
+        with self._etcd.errors("put", key):
             await self._etcd.put(key.encode(), encode_adapter_spec(spec))
         log.info("desired adapter stored", adapter=spec.name, base_model=spec.base_model,
                  replicas=spec.replicas, pinned=spec.pinned)  # fmt: skip
@@ -75,7 +75,7 @@ class DesiredState:
     async def delete(self, name: str) -> bool:
         """Remove adapter ``name`` from the desired state; False if it was not there."""
         key = self.key(name)
-        async with self._etcd.errors("delete", key):
+        with self._etcd.errors("delete", key):
             deleted = await self._etcd.delete(key.encode())
         if deleted is None:
             return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -117,3 +118,26 @@ async def test_calls_to_an_etcd_that_never_answers_fail_instead_of_hanging(etcd_
     await keeper.aclose(revoke=False)
     await etcd.close()
     await proxy.aclose()
+
+
+async def test_a_task_cancelled_in_an_etcd_call_stays_cancelled_while_etcd_is_down(own_etcd):
+    """gRPC now and then reports a keep-alive cancelled under it as UNAVAILABLE; the
+    keeper's retry loop took that for an etcd error, went on, and ``aclose`` hung (CI)."""
+    etcd = await connect_etcd(own_etcd.url)
+    lease = await etcd.lease(TTL_S)
+    own_etcd.stop()
+
+    async def keep_alive_once() -> None:
+        with etcd.errors("keep lease alive"):
+            await etcd.keep_lease_alive(lease.id)
+
+    delays = random.Random(0)
+    for _ in range(300):
+        call = asyncio.create_task(keep_alive_once())
+        await asyncio.sleep(delays.uniform(0, 0.004))
+        if call.cancel():  # still running: it must end cancelled, whatever gRPC reports
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        else:
+            assert isinstance(call.exception(), EtcdUnavailableError)
+    await etcd.close()
