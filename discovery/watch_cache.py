@@ -8,7 +8,6 @@ always converges to etcd. Subscribers hear every add and remove exactly once.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Mapping
 from typing import Final, Generic, TypeAlias, TypeVar
 
@@ -16,6 +15,7 @@ import msgspec
 import structlog
 
 from discovery.client import EtcdClient
+from proto.backoff import backoff_s
 
 __all__ = ["WatchCache", "WatchListener"]
 
@@ -92,7 +92,7 @@ class WatchCache(Generic[T]):
             except Exception as exc:
                 failures += 1
                 log.warning("watch interrupted; re-listing", prefix=self.prefix, error=repr(exc))
-                await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.05 * 2**failures)))
+                await asyncio.sleep(backoff_s(failures, cap_s=MAX_BACKOFF_S))
                 await self._relist_quietly()
 
     async def _follow(self) -> None:

@@ -17,6 +17,9 @@ from proto.adapters import (
 from proto.auth import (
     bearer_token_accepted,
 )
+from proto.backoff import (
+    backoff_s,
+)
 from proto.discovery import (
     Instance,
     LoraInfo,
@@ -152,6 +155,7 @@ __all__ = [
     "UpstreamError",
     "Usage",
     "UsageInfo",
+    "backoff_s",
     "bearer_token_accepted",
     "chosen_instances",
     "decode_adapter_spec",
