@@ -18,12 +18,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-import nats
-
 from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request
 from bench._load import Call, Outcome, Session, StepResult, run_step
 from bench._report import CpuMeter, add_output_flags, emit, machine, run_async, table
+from discovery.nats_connection import NatsConnection
+from discovery.nats_settings import NatsSettings
 from frontend.request_plane import RequestPlane
 from proto.inference import (
     ChatMessage,
@@ -119,9 +119,11 @@ async def _run_mode(
     groups = {"frontend": [frontend.pid], "workers": [w.pid for w in workers],
               "client": [os.getpid()], "nats_server": [cluster.nats.pid]}  # fmt: skip
     plane: RequestPlane | None = None
+    conn: NatsConnection | None = None
     if mode == "nats":
-        nc = await nats.connect(cluster.nats.url, name="bench-client")
-        plane = await RequestPlane.start(nc)
+        settings = NatsSettings.from_env(cluster.nats.url)
+        conn = await NatsConnection.connect(settings, name="bench-client")
+        plane = await RequestPlane.start(conn.client)
         session = nats_session(plane, [w.subject for w in workers])
     else:
         session = http_session(frontend.port, stream=mode == "chat-stream")
@@ -137,6 +139,8 @@ async def _run_mode(
     finally:
         if plane is not None:
             await plane.aclose()
+        if conn is not None:
+            await conn.aclose()
     return results
 
 

@@ -1,4 +1,4 @@
-"""The etcd side: connection, lease, records bound to it, key layout and a watch cache."""
+"""The control-plane connections: etcd (lease, records, key layout, watch cache) and NATS."""
 
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
@@ -8,6 +8,9 @@ from discovery.client import (
 )
 from discovery.errors import (
     EtcdUnavailableError,
+    NatsAuthError,
+    NatsConnectError,
+    NatsSettingsError,
 )
 from discovery.keys import (
     ADAPTERS_ROOT,
@@ -30,6 +33,18 @@ from discovery.lease import (
 from discovery.logs import (
     configure_logging,
 )
+from discovery.nats_connection import (
+    NATS_CONNECT_TIMEOUT_S,
+    NATS_RECONNECT_CAP_S,
+    LostCallback,
+    NatsConnection,
+    NatsState,
+)
+from discovery.nats_settings import (
+    DEFAULT_NATS_SERVER,
+    NatsSettings,
+    parse_nats_servers,
+)
 from discovery.watch_cache import (
     WatchCache,
     WatchListener,
@@ -37,13 +52,23 @@ from discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "DEFAULT_NATS_SERVER",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
     "EtcdUnavailableError",
     "INSTANCES_ROOT",
     "LeaseKeeper",
     "LeaseState",
+    "LostCallback",
     "MDC_ROOT",
+    "NATS_CONNECT_TIMEOUT_S",
+    "NATS_RECONNECT_CAP_S",
+    "NatsAuthError",
+    "NatsConnectError",
+    "NatsConnection",
+    "NatsSettings",
+    "NatsSettingsError",
+    "NatsState",
     "WatchCache",
     "WatchListener",
     "adapter_key",
@@ -58,4 +83,5 @@ __all__ = [
     "nats_subject",
     "parse_card_key",
     "parse_endpoint",
+    "parse_nats_servers",
 ]

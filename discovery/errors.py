@@ -1,16 +1,25 @@
-"""Errors of the discovery plane.
+"""Errors of the control-plane connections (etcd and NATS).
 
 Hierarchy::
 
     proto.errors.UnavailableError
-    └── EtcdUnavailableError     an etcd call failed or timed out (endpoint, operation, key)
+    ├── EtcdUnavailableError     an etcd call failed or timed out (endpoint, operation, key)
+    └── proto.errors.NatsUnavailableError
+        └── NatsConnectError     no NATS server of the list took the connection (worth retrying)
+            └── NatsAuthError    a server refused the credentials or TLS (permanent)
+    proto.errors.LorafleetError, ValueError
+    └── NatsSettingsError        a NATS_* variable is malformed or contradicts another (permanent)
+
+``permanent`` says whether a start-up retry loop should give up at once.
 """
 
 from __future__ import annotations
 
-from proto.errors import UnavailableError
+from typing import ClassVar
 
-__all__ = ["EtcdUnavailableError"]
+from proto.errors import LorafleetError, NatsUnavailableError, UnavailableError
+
+__all__ = ["EtcdUnavailableError", "NatsAuthError", "NatsConnectError", "NatsSettingsError"]
 
 
 class EtcdUnavailableError(UnavailableError):
@@ -25,3 +34,35 @@ class EtcdUnavailableError(UnavailableError):
             f"etcd at {endpoint} is unavailable: {operation}{where} failed ({reason}); "
             "check that etcd is running and ETCD_ENDPOINTS points at it"
         )
+
+
+class NatsConnectError(NatsUnavailableError):
+    """One connect attempt reached no NATS server of ``NATS_SERVER``; a later one may."""
+
+    permanent: ClassVar[bool] = False
+    _WHAT: ClassVar[str] = "is unavailable"
+
+    def __init__(
+        self,
+        *,
+        servers: str,
+        reason: str,
+        check: str = "that nats-server is running and NATS_SERVER points at it",
+    ) -> None:
+        self.servers = servers
+        self.reason = reason
+        self.check = check
+        super().__init__(f"NATS at {servers} {self._WHAT} ({reason}); check {check}")
+
+
+class NatsAuthError(NatsConnectError):
+    """A NATS server refused this process's credentials or TLS: retrying cannot help."""
+
+    permanent: ClassVar[bool] = True
+    _WHAT: ClassVar[str] = "refused the connection"
+
+
+class NatsSettingsError(LorafleetError, ValueError):
+    """A ``NATS_*`` variable is malformed, names a missing file, or contradicts another."""
+
+    permanent: ClassVar[bool] = True

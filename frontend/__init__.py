@@ -7,7 +7,7 @@ from frontend.dispatcher import Dispatcher, DispatchSettings
 from frontend.errors import HTTP_STATUS_BY_CODE, http_status
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry, ServedModel
-from frontend.request_plane import RequestPlane, connect_nats
+from frontend.request_plane import RequestPlane
 from frontend.resolver import ModelResolver
 from frontend.router import ROUTERS, LeastInflightRouter, RoundRobinRouter, Router
 
@@ -26,7 +26,6 @@ __all__ = [
     "RoundRobinRouter",
     "Router",
     "ServedModel",
-    "connect_nats",
     "create_app",
     "http_status",
 ]

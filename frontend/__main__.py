@@ -131,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.run()
     except SystemExit:  # uvicorn's way of saying the lifespan failed
         return 1
-    return 0 if server.started else 1
+    fatal = getattr(app.state, "fatal_error", None)  # set when NATS is lost for good
+    return 0 if server.started and fatal is None else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ error leaves in OpenAI's shape.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -21,6 +23,8 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from discovery.client import connect_etcd
+from discovery.nats_connection import NatsConnection
+from discovery.nats_settings import NatsSettings
 from frontend.config import FrontendConfig
 from frontend.controllers import (
     AdaptersController,
@@ -36,7 +40,7 @@ from frontend.generation import GenerationService
 from frontend.metrics import FrontendMetrics
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry
-from frontend.request_plane import RequestPlane, connect_nats
+from frontend.request_plane import RequestPlane
 from frontend.resolver import ModelResolver
 from frontend.router import make_router
 from proto.errors import LorafleetError
@@ -72,9 +76,12 @@ async def _start_services(
     app: Litestar, config: FrontendConfig, stack: contextlib.AsyncExitStack
 ) -> None:
     """Connect NATS and etcd, start the registry and the request plane; undo via ``stack``."""
-    nc = await connect_nats(config.nats_server)
-    stack.push_async_callback(nc.close)
-    plane = await RequestPlane.start(nc)
+    settings = NatsSettings.from_env(config.nats_server)
+    nats = await NatsConnection.connect(
+        settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
+    )
+    stack.push_async_callback(nats.aclose)
+    plane = await RequestPlane.start(nats.client)
     stack.push_async_callback(plane.aclose)
     etcd = await connect_etcd(config.etcd_endpoints)
     stack.push_async_callback(etcd.close)
@@ -96,6 +103,12 @@ async def _start_services(
     app.state.service = GenerationService(resolver, dispatcher, app.state.metrics)
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")
+
+
+def _nats_lost(app: Litestar) -> None:
+    """The NATS connection closed for good: stop serving and exit 1 (``__main__`` reads it)."""
+    app.state.fatal_error = "the NATS connection closed and cannot be re-made"
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _registry(state: State) -> ModelRegistry:

@@ -5,7 +5,10 @@ request; each request gets its own reply subject ``{inbox}.{token}`` and the
 subscription routes messages to it by the token (as nats-py's request mux does),
 so a request costs no SUB/UNSUB round trip. A message with header
 ``Status: 503`` on a reply subject is the server saying nobody subscribes to
-the instance subject. Do no routing or retrying here (see ``dispatcher``).
+the instance subject. While the connection is down, ``open`` fails at once with
+``NatsUnavailableError`` instead of buffering a request nobody will answer.
+Do no routing or retrying here (see ``dispatcher``); the connection itself is
+owned by ``discovery.NatsConnection``.
 """
 
 from __future__ import annotations
@@ -16,23 +19,18 @@ import itertools
 from typing import Final
 
 import msgspec
-import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from proto.errors import UnavailableError
+from proto.errors import NatsUnavailableError, UnavailableError
 from proto.inference import CancelRequest, PingRequest, encode_msg
 
-__all__ = ["Reply", "RequestPlane", "connect_nats", "is_no_responders"]
+__all__ = ["Reply", "RequestPlane", "is_no_responders"]
 
 log = structlog.get_logger(__name__)
 
-NATS_CONNECT_TIMEOUT_S: Final = 3.0
-NATS_RECONNECT_WAIT_S: Final = 0.5
-NATS_START_ATTEMPTS: Final = 3
-"""Tries per server at start; once connected the client reconnects forever."""
 _STATUS_HEADER: Final = "Status"
 _NO_RESPONDERS: Final = "503"
 
@@ -41,42 +39,6 @@ def is_no_responders(msg: Msg) -> bool:
     """Whether ``msg`` is the server's 'no responders' status instead of a reply."""
     headers = msg.headers
     return headers is not None and headers.get(_STATUS_HEADER) == _NO_RESPONDERS
-
-
-async def connect_nats(servers: str, *, name: str = "lorafleet-frontend") -> NatsClient:
-    """Connect to NATS, reconnecting forever once connected; ``UnavailableError`` at start."""
-
-    async def on_error(exc: Exception) -> None:
-        log.warning("nats error", error=str(exc))
-
-    async def on_disconnected() -> None:
-        if client and not (client[0].is_closed or client[0].is_draining):
-            log.warning("nats disconnected", servers=servers)
-
-    async def on_reconnected() -> None:
-        log.info("nats reconnected", servers=servers)
-
-    client: list[NatsClient] = []
-    try:
-        nc = await nats.connect(
-            servers.split(","),
-            name=name,
-            connect_timeout=NATS_CONNECT_TIMEOUT_S,
-            reconnect_time_wait=NATS_RECONNECT_WAIT_S,
-            max_reconnect_attempts=NATS_START_ATTEMPTS - 1,
-            allow_reconnect=True,
-            error_cb=on_error,
-            disconnected_cb=on_disconnected,
-            reconnected_cb=on_reconnected,
-        )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise UnavailableError(
-            f"NATS at {servers} is unavailable ({exc or type(exc).__name__}); "
-            "check that nats-server is running and NATS_SERVER points at it"
-        ) from exc
-    nc.options["max_reconnect_attempts"] = -1  # read on every reconnect: never give up
-    client.append(nc)
-    return nc
 
 
 class Reply:
@@ -157,6 +119,12 @@ class RequestPlane:
 
     async def open(self, subject: str, message: msgspec.Struct) -> Reply:
         """Publish ``message`` to ``subject`` with a fresh reply subject and return it."""
+        if not self.nc.is_connected:
+            raise NatsUnavailableError(
+                "this frontend's NATS connection is down (reconnecting), so no worker can be "
+                "reached; check nats-server and NATS_SERVER",
+                subject=subject,
+            )
         token = format(next(self._tokens), "x")
         reply = Reply(self, token, self._inbox + token)
         self._replies[token] = reply
@@ -190,17 +158,16 @@ class RequestPlane:
         task.add_done_callback(self._background.discard)
 
     async def aclose(self) -> None:
-        """Send pending cancels, then drain and close the connection."""
+        """Send pending cancels and stop routing replies; the connection's owner closes it."""
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         for reply in list(self._replies.values()):
             reply.close()
-        if not self.nc.is_closed:
+        if self._subscription is not None and not self.nc.is_closed:
             try:
-                await self.nc.drain()
+                await self._subscription.unsubscribe()
             except Exception as exc:
-                log.warning("nats drain failed", error=str(exc))
-                await self.nc.close()
+                log.warning("nats unsubscribe failed", error=str(exc))
 
     async def _send_cancel(self, subject: str, request_id: str) -> None:
         try:

@@ -7,6 +7,7 @@ Each server gets its own data directory and log file and is stopped by PID.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,8 +16,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -26,6 +27,7 @@ __all__ = [
     "free_port",
     "start_etcd",
     "start_nats",
+    "start_nats_cluster",
     "stop_process",
 ]
 
@@ -45,6 +47,8 @@ class LocalServer:
     log_path: Path
     process: subprocess.Popen[bytes]
     restart_args: list[str]
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    """Extra environment of the server (e.g. the passwords its config file reads)."""
 
     @property
     def pid(self) -> int:
@@ -58,7 +62,9 @@ class LocalServer:
     def restart(self) -> None:
         """Start the server again on the same port with the same data directory."""
         self.stop()
-        restarted = _spawn(self.name, self.restart_args, self.data_dir, self.url, _health(self))
+        restarted = _spawn(
+            self.name, self.restart_args, self.data_dir, self.url, _health(self), self.env
+        )
         self.process = restarted.process
 
 
@@ -113,27 +119,101 @@ def start_etcd(data_dir: Path, *, port: int | None = None) -> LocalServer:
     return _spawn("etcd", args, data_dir, url, _etcd_healthy(url))
 
 
-def start_nats(data_dir: Path, *, port: int | None = None, jetstream: bool = False) -> LocalServer:
-    """Start nats-server and wait until it accepts connections."""
+def start_nats(
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    jetstream: bool = False,
+    config: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    name: str = "nats",
+) -> LocalServer:
+    """Start nats-server and wait until it accepts connections.
+
+    ``config`` is a nats-server config file (e.g. ``deploy/nats/auth.conf``); ``env``
+    holds the variables it reads. Flags (the port) win over the file.
+    """
     port = port or free_port()
     args = [str(find_binary("nats-server")), "-a", "127.0.0.1", "-p", str(port)]
+    if config is not None:
+        args += ["-c", str(config)]
     if jetstream:
         args += ["-js", "-sd", str(data_dir / "jetstream")]
-    return _spawn("nats", args, data_dir, f"nats://127.0.0.1:{port}", _nats_healthy(port))
+    args += extra_args
+    url = f"nats://127.0.0.1:{port}"
+    return _spawn(name, args, data_dir, url, _nats_healthy(port), dict(env or {}))
+
+
+def start_nats_cluster(
+    data_dir: Path,
+    *,
+    size: int = 3,
+    config: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[LocalServer]:
+    """Start ``size`` nats-servers routed into one cluster; returns when every route is up.
+
+    Each member lists every other's route port; the client list for ``NATS_SERVER`` is
+    ``",".join(s.url for s in servers)``.
+    """
+    cluster_ports = [free_port() for _ in range(size)]
+    routes = ",".join(f"nats://127.0.0.1:{p}" for p in cluster_ports)
+    servers: list[LocalServer] = []
+    try:
+        for index, cluster_port in enumerate(cluster_ports):
+            name = f"nats-{index}"
+            cluster_args = [
+                "--name", name, "--cluster_name", "lorafleet", "--routes", routes,
+                "--cluster", f"nats://127.0.0.1:{cluster_port}",
+            ]  # fmt: skip
+            servers.append(start_nats(data_dir / name, config=config, env=env,
+                                      extra_args=cluster_args, name=name))  # fmt: skip
+        _wait_for(lambda: all(_nats_cluster_size(s.port) == size for s in servers), "NATS routes")
+    except BaseException:
+        for server in servers:
+            server.stop(kill=True)
+        raise
+    return servers
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {START_TIMEOUT_S} s")
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def _nats_cluster_size(port: int) -> int:
+    """How many servers the cluster advertises to clients of the server on ``port``."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        socket.create_connection(("127.0.0.1", port), 1) as sock,
+    ):
+        line = sock.makefile("rb").readline()
+        info = json.loads(line.removeprefix(b"INFO ").decode())
+        return len(info.get("connect_urls") or [])
+    return 0
 
 
 def _spawn(
-    name: str, args: list[str], data_dir: Path, url: str, healthy: Callable[[], bool]
+    name: str,
+    args: list[str],
+    data_dir: Path,
+    url: str,
+    healthy: Callable[[], bool],
+    env: dict[str, str] | None = None,
 ) -> LocalServer:
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ},
+            start_new_session=True, env={**os.environ, **(env or {})},
         )  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
-    server = LocalServer(name, url, port, data_dir, log_path, process, args)
+    server = LocalServer(name, url, port, data_dir, log_path, process, args, env or {})
     deadline = time.monotonic() + START_TIMEOUT_S
     while not healthy():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -9,6 +9,7 @@ Hierarchy (each package adds its own in its own ``errors.py``)::
     ├── ConflictError              code "conflict"          (HTTP 409)
     ├── CapacityError              code "capacity"          (HTTP 429)
     ├── UnavailableError           code "unavailable"       (HTTP 503)
+    │   └── NatsUnavailableError   code "nats_unavailable"  (HTTP 503)
     └── UpstreamError              code "upstream_error"    (HTTP 502)
 
 The ``code`` travels in :class:`ErrorInfo` across NATS and HTTP so that the
@@ -28,6 +29,7 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "InvalidRequestError",
     "LorafleetError",
+    "NatsUnavailableError",
     "NotFoundError",
     "UnauthorizedError",
     "UnavailableError",
@@ -96,6 +98,16 @@ class UnavailableError(LorafleetError):
     code: ClassVar[str] = "unavailable"
 
 
+class NatsUnavailableError(UnavailableError):
+    """This process's own NATS connection is down: nothing can reach any worker until it is back.
+
+    A code of its own, so that clients and dashboards tell "the bus is down" (every
+    request fails, fast) from "no instance serves this model" (``unavailable``).
+    """
+
+    code: ClassVar[str] = "nats_unavailable"
+
+
 class UpstreamError(LorafleetError):
     """A worker or engine failed while handling a request that reached it."""
 
@@ -112,6 +124,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         ConflictError,
         CapacityError,
         UnavailableError,
+        NatsUnavailableError,
         UpstreamError,
     )
 }
@@ -126,6 +139,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "internal_error": 500,
     "upstream_error": 502,
     "unavailable": 503,
+    "nats_unavailable": 503,
     "client_gone": 499,  # nginx's "client closed request": counted, never seen by the client
 }
 """The one table from error code to HTTP status, used by the worker and the frontend."""

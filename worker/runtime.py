@@ -15,12 +15,13 @@ import signal
 import socket
 import time
 
-import nats
 import structlog
 
 from discovery.client import EtcdClient, connect_etcd
 from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
+from discovery.nats_connection import NatsConnection
+from discovery.nats_settings import NatsSettings
 from proto.discovery import Instance, encode_record
 from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
@@ -45,15 +46,26 @@ class WorkerRuntime:
         self.engine = engine or create_engine(config.engine, config.engine_config)
         self.registry = EngineRegistry()
         self._stop = asyncio.Event()
+        self.failure: str | None = None
+        """Why the worker stopped on its own (the process then exits 1), or None."""
 
     def request_stop(self) -> None:
         """Begin a clean shutdown (what SIGTERM and SIGINT do)."""
         self._stop.set()
 
+    def _nats_lost(self) -> None:
+        """The NATS connection closed for good: shut down, so the lease and cards go too."""
+        self.failure = "the NATS connection closed and cannot be re-made"
+        self._stop.set()
+
     async def run(self) -> None:
         """Start, serve until stopped, shut down; raises if a start-up step fails."""
         cfg = self.config
-        nc = await nats.connect(cfg.nats_server, name=f"worker-{os.getpid()}")
+        settings = NatsSettings.from_env(cfg.nats_server)
+        nats = await NatsConnection.connect(
+            settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost
+        )
+        nc = nats.client
         etcd = await connect_etcd(cfg.etcd_endpoints)
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
         status_server: StatusServer | None = None
@@ -61,7 +73,7 @@ class WorkerRuntime:
             endpoint = Endpoint(nc, lease, self._address(lease.lease_id))
             await endpoint.serve()
             status = StatusState(
-                self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token
+                self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token, nats=nats
             )
             status_server = self._status_server(status)
             await status_server.start()
@@ -82,7 +94,7 @@ class WorkerRuntime:
             if status_server is not None:
                 await status_server.aclose()
             await lease.aclose(revoke=True)
-            await nc.close()
+            await nats.aclose()
             await etcd.close()
 
     def _address(self, instance_id: int) -> EndpointAddress:
@@ -143,5 +155,8 @@ async def run_worker(config: WorkerConfig) -> int:
         await runtime.run()
     except Exception as exc:
         log.error("worker failed", error=str(exc), error_type=type(exc).__name__)
+        return 1
+    if runtime.failure is not None:
+        log.error("worker stopped", error=runtime.failure)
         return 1
     return 0

@@ -19,6 +19,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from discovery.nats_connection import NatsConnection
 from proto.auth import bearer_token_accepted
 from proto.errors import InvalidRequestError, UnauthorizedError, http_status
 from proto.inference import UpdateReply
@@ -41,12 +42,14 @@ MAX_BODY_BYTES: Final = 1 << 20
 
 @dataclass
 class StatusState:
-    """What the status routes read: the registry, readiness and the admin token."""
+    """What the status routes read: the registry, readiness, the NATS link and the admin token."""
 
     registry: EngineRegistry
     instance_id: int = 0
     ready: bool = False
     auth_token: str | None = None
+    nats: NatsConnection | None = None
+    """The worker's request-plane connection; while it is down ``/health`` answers 503."""
 
     def check_auth(self, request: Request[Any, Any, Any]) -> None:
         """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
@@ -91,10 +94,18 @@ def _is_mutating(path: str) -> bool:
 
 @get("/health", sync_to_thread=False)
 def health(status: StatusState) -> Response[Any]:
-    """200 once start-up finished, 503 before."""
+    """200 once start-up finished and while NATS is connected, 503 otherwise."""
     body = {"status": "ready" if status.ready else "starting"}
+    if status.nats is not None:
+        body["nats"] = "connected" if status.nats.is_connected else "disconnected"
+        if status.ready and not status.nats.is_connected:
+            body["status"] = "unhealthy"
+            body["message"] = (
+                "NATS is unreachable: this worker gets no requests until it reconnects "
+                f"(reconnecting to {status.nats.settings.servers_text})"
+            )
     body["instance_id"] = f"{status.instance_id:x}"
-    return Response(body, status_code=200 if status.ready else 503)
+    return Response(body, status_code=200 if body["status"] == "ready" else 503)
 
 
 @get("/metrics", sync_to_thread=False)

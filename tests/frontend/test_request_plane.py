@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
-from frontend.request_plane import RequestPlane, connect_nats, is_no_responders
-from proto.errors import UnavailableError
+from discovery.nats_connection import NatsConnection
+from discovery.nats_settings import NatsSettings
+from frontend.request_plane import RequestPlane, is_no_responders
 from proto.inference import (
     CancelRequest,
     GenerateRequest,
@@ -24,9 +25,12 @@ from proto.inference import (
 
 @pytest.fixture
 async def plane(nats_url: str) -> AsyncIterator[RequestPlane]:
-    plane = await RequestPlane.start(await connect_nats(nats_url))
-    yield plane
-    await plane.aclose()
+    async with await NatsConnection.connect(
+        NatsSettings(servers=(nats_url,)), name="test-frontend"
+    ) as conn:
+        plane = await RequestPlane.start(conn.client)
+        yield plane
+        await plane.aclose()
 
 
 @pytest.fixture
@@ -96,10 +100,3 @@ async def test_cancel_reaches_the_instance(plane, echo) -> None:
     async with asyncio.timeout(5):
         while CancelRequest(request_id="r9") not in seen:
             await asyncio.sleep(0.01)
-
-
-async def test_unreachable_nats_is_a_clear_unavailable_error() -> None:
-    from launch.local_servers import free_port
-
-    with pytest.raises(UnavailableError, match="NATS_SERVER"):
-        await connect_nats(f"nats://127.0.0.1:{free_port()}")
