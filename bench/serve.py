@@ -123,7 +123,7 @@ async def _run_mode(
     if mode == "nats":
         settings = NatsSettings.from_env(cluster.nats.url)
         conn = await NatsConnection.connect(settings, name="bench-client")
-        plane = await RequestPlane.start(conn.client)
+        plane = await RequestPlane.start(conn)
         session = nats_session(plane, [w.subject for w in workers])
     else:
         session = http_session(frontend.port, stream=mode == "chat-stream")

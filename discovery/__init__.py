@@ -39,6 +39,7 @@ from discovery.nats_connection import (
     LostCallback,
     NatsConnection,
     NatsState,
+    StateListener,
 )
 from discovery.nats_settings import (
     DEFAULT_NATS_SERVER,
@@ -69,6 +70,7 @@ __all__ = [
     "NatsSettings",
     "NatsSettingsError",
     "NatsState",
+    "StateListener",
     "WatchCache",
     "WatchListener",
     "adapter_key",

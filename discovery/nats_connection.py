@@ -10,6 +10,7 @@ reload), the owner's ``on_lost`` callback runs so the process can exit non-zero.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import ssl
 import time
@@ -30,6 +31,7 @@ __all__ = [
     "NATS_RECONNECT_CAP_S",
     "NatsConnection",
     "NatsState",
+    "StateListener",
 ]
 
 log = structlog.get_logger(__name__)
@@ -46,6 +48,8 @@ _AUTH_MARKERS: Final = ("authorization violation", "authentication", "user authe
 
 LostCallback: TypeAlias = Callable[[], None]
 """Called once when the connection closed for good without ``aclose()``: exit non-zero."""
+StateListener: TypeAlias = Callable[["NatsState"], None]
+"""Called on every state change, e.g. to fail requests whose replies a dropped link lost."""
 
 
 class NatsState(enum.Enum):
@@ -77,6 +81,8 @@ class NatsConnection:
         self._last_reason = ""
         self._down_since: float | None = None
         self._start_errors: list[BaseException] = []
+        self._listeners: list[StateListener] = []
+        self._connected = asyncio.Event()
 
     @classmethod
     async def connect(
@@ -125,6 +131,21 @@ class NatsConnection:
         url = self._client.connected_url if self._client is not None else None
         return f"{url.hostname}:{url.port}" if url is not None else ""
 
+    def add_listener(self, listener: StateListener) -> None:
+        """Call ``listener`` with the new state on every change from now on."""
+        self._listeners.append(listener)
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Whether the connection is up, waiting at most ``timeout_s`` for a reconnect."""
+        if self.is_connected:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
+        except TimeoutError:
+            return False
+        return self.is_connected
+
     async def aclose(self) -> None:
         """Drain and close on purpose; ``on_lost`` is not called."""
         if self.state is NatsState.CLOSED:
@@ -141,6 +162,12 @@ class NatsConnection:
 
     def _set_state(self, state: NatsState) -> None:
         self.state = state
+        if state is NatsState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
+        for listener in self._listeners:
+            listener(state)
 
     def _start_failure(self) -> NatsConnectError:
         """Our error for a failed first attempt: credentials and TLS are named, and permanent."""

@@ -81,7 +81,7 @@ async def _start_services(
         settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
     )
     stack.push_async_callback(nats.aclose)
-    plane = await RequestPlane.start(nats.client)
+    plane = await RequestPlane.start(nats)
     stack.push_async_callback(plane.aclose)
     etcd = await connect_etcd(config.etcd_endpoints)
     stack.push_async_callback(etcd.close)

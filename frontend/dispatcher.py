@@ -230,6 +230,9 @@ class Dispatcher:
         instance = attempt.instance
         while True:
             msg = await attempt.reply.next(self.settings.stall_s)
+            if msg is None and attempt.reply.dropped:
+                reason = "the frontend's NATS link dropped, so its replies may be lost"
+                raise InstanceLostError(instance.instance_id, reason, stalled=True)
             if msg is None:
                 if not await self.plane.ping(instance.subject, self.settings.ping_timeout_s):
                     raise InstanceLostError(

@@ -6,7 +6,9 @@ subscription routes messages to it by the token (as nats-py's request mux does),
 so a request costs no SUB/UNSUB round trip. A message with header
 ``Status: 503`` on a reply subject is the server saying nobody subscribes to
 the instance subject. While the connection is down, ``open`` fails at once with
-``NatsUnavailableError`` instead of buffering a request nobody will answer.
+``NatsUnavailableError`` (after a short grace for a fail-over to another
+server) instead of buffering a request nobody will answer; when the link drops,
+every open reply is marked ``dropped``, because messages sent meanwhile are lost.
 Do no routing or retrying here (see ``dispatcher``); the connection itself is
 owned by ``discovery.NatsConnection``.
 """
@@ -20,10 +22,10 @@ from typing import Final
 
 import msgspec
 import structlog
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from discovery.nats_connection import NatsConnection, NatsState
 from proto.errors import NatsUnavailableError, UnavailableError
 from proto.inference import CancelRequest, PingRequest, encode_msg
 
@@ -31,6 +33,8 @@ __all__ = ["Reply", "RequestPlane", "is_no_responders"]
 
 log = structlog.get_logger(__name__)
 
+NATS_RECONNECT_GRACE_S: Final = 0.5
+"""How long a new request waits for a dropped NATS link to come back before its 503."""
 _STATUS_HEADER: Final = "Status"
 _NO_RESPONDERS: Final = "503"
 
@@ -44,7 +48,7 @@ def is_no_responders(msg: Msg) -> bool:
 class Reply:
     """The messages of one request's reply subject, in order; ``close()`` when done."""
 
-    __slots__ = ("_closed", "_messages", "_plane", "_waiter", "subject", "token")
+    __slots__ = ("_closed", "_messages", "_plane", "_waiter", "dropped", "subject", "token")
 
     def __init__(self, plane: RequestPlane, token: str, subject: str) -> None:
         self._plane = plane
@@ -53,6 +57,8 @@ class Reply:
         self._messages: collections.deque[Msg] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self.dropped = False
+        """The NATS link dropped while this reply was open: messages may be lost."""
 
     @property
     def pending(self) -> int:
@@ -66,9 +72,16 @@ class Reply:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def drop(self) -> None:
+        """Mark the reply as one whose messages may be lost, and wake the reader."""
+        self.dropped = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def next(self, timeout_s: float) -> Msg | None:
-        """The next message, or None when ``timeout_s`` passes without one."""
-        if not self._messages:
+        """The next message, or None when ``timeout_s`` passes without one (or it dropped)."""
+        if not self._messages and not self.dropped:
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
             timer = loop.call_later(timeout_s, _expire, waiter)
@@ -96,20 +109,22 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class RequestPlane:
     """Sends request-plane messages to instance subjects and routes their replies."""
 
-    def __init__(self, nc: NatsClient) -> None:
-        self.nc = nc
-        self._inbox = nc.new_inbox() + "."
+    def __init__(self, connection: NatsConnection) -> None:
+        self.connection = connection
+        self.nc = connection.client
+        self._inbox = self.nc.new_inbox() + "."
         self._replies: dict[str, Reply] = {}
         self._tokens = itertools.count(1)
         self._background: set[asyncio.Task[None]] = set()
         self._subscription: Subscription | None = None
 
     @classmethod
-    async def start(cls, nc: NatsClient) -> RequestPlane:
+    async def start(cls, connection: NatsConnection) -> RequestPlane:
         """Subscribe the shared reply inbox and make sure the server has it."""
-        plane = cls(nc)
-        plane._subscription = await nc.subscribe(plane._inbox + "*", cb=plane._route)
-        await nc.flush()
+        plane = cls(connection)
+        plane._subscription = await plane.nc.subscribe(plane._inbox + "*", cb=plane._route)
+        await plane.nc.flush()
+        connection.add_listener(plane._on_nats_state)
         return plane
 
     @property
@@ -119,7 +134,7 @@ class RequestPlane:
 
     async def open(self, subject: str, message: msgspec.Struct) -> Reply:
         """Publish ``message`` to ``subject`` with a fresh reply subject and return it."""
-        if not self.nc.is_connected:
+        if not await self.connection.wait_connected(NATS_RECONNECT_GRACE_S):
             raise NatsUnavailableError(
                 "this frontend's NATS connection is down (reconnecting), so no worker can be "
                 "reached; check nats-server and NATS_SERVER",
@@ -174,6 +189,11 @@ class RequestPlane:
             await self.nc.publish(subject, encode_msg(CancelRequest(request_id=request_id)))
         except Exception as exc:
             log.warning("cancel not sent", subject=subject, request_id=request_id, error=str(exc))
+
+    def _on_nats_state(self, state: NatsState) -> None:
+        if state is not NatsState.CONNECTED:
+            for reply in list(self._replies.values()):
+                reply.drop()
 
     async def _route(self, msg: Msg) -> None:
         reply = self._replies.get(msg.subject[len(self._inbox) :])

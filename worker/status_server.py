@@ -98,6 +98,7 @@ def health(status: StatusState) -> Response[Any]:
     body = {"status": "ready" if status.ready else "starting"}
     if status.nats is not None:
         body["nats"] = "connected" if status.nats.is_connected else "disconnected"
+        body["nats_server"] = status.nats.server  # host:port in use, never credentials
         if status.ready and not status.nats.is_connected:
             body["status"] = "unhealthy"
             body["message"] = (

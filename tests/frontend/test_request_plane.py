@@ -28,7 +28,7 @@ async def plane(nats_url: str) -> AsyncIterator[RequestPlane]:
     async with await NatsConnection.connect(
         NatsSettings(servers=(nats_url,)), name="test-frontend"
     ) as conn:
-        plane = await RequestPlane.start(conn.client)
+        plane = await RequestPlane.start(conn)
         yield plane
         await plane.aclose()
 
