@@ -11,6 +11,7 @@ reload), the owner's ``on_lost`` callback runs so the process can exit non-zero.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import ssl
 import time
@@ -90,18 +91,21 @@ class NatsConnection:
     ) -> NatsConnection:
         """One attempt over the server list; raises ``NatsAuthError`` or ``NatsConnectError``."""
         conn = cls(settings, name, on_lost)
+        client = conn._client = NatsClient()
         try:
-            conn._client = await nats.connect(
-                list(settings.servers), name=name, connect_timeout=NATS_CONNECT_TIMEOUT_S,
-                allow_reconnect=True, max_reconnect_attempts=_TRIES_PER_SERVER_AT_START,
-                reconnect_time_wait=0, ping_interval=NATS_PING_INTERVAL_S,
-                max_outstanding_pings=NATS_MAX_OUTSTANDING_PINGS,
-                error_cb=conn._on_error, disconnected_cb=conn._on_disconnected,
-                reconnected_cb=conn._on_reconnected, closed_cb=conn._on_closed,
-                **settings.connect_options(),
-            )  # fmt: skip
+            async with asyncio.timeout(_attempt_timeout_s(settings)):
+                await client.connect(
+                    list(settings.servers), name=name, connect_timeout=NATS_CONNECT_TIMEOUT_S,
+                    allow_reconnect=True, max_reconnect_attempts=_TRIES_PER_SERVER_AT_START,
+                    reconnect_time_wait=0, ping_interval=NATS_PING_INTERVAL_S,
+                    max_outstanding_pings=NATS_MAX_OUTSTANDING_PINGS,
+                    error_cb=conn._on_error, disconnected_cb=conn._on_disconnected,
+                    reconnected_cb=conn._on_reconnected, closed_cb=conn._on_closed,
+                    **settings.connect_options(),
+                )  # fmt: skip
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             conn._start_errors.append(exc)
+            await conn._abandon()
             raise conn._start_failure() from exc
         conn._client.options["max_reconnect_attempts"] = -1  # read on every reconnect: forever
         conn._set_state(NatsState.CONNECTED)
@@ -159,6 +163,13 @@ class NatsConnection:
         except Exception as exc:
             log.warning("nats drain failed", error=str(exc))
             await client.close()
+
+    async def _abandon(self) -> None:
+        """Stop a failed first attempt's client (nats-py can hang after a TLS failure)."""
+        self._set_state(NatsState.CLOSED)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
+                await self.client.close()
 
     def _set_state(self, state: NatsState) -> None:
         self.state = state
@@ -220,6 +231,11 @@ class NatsConnection:
                   servers=self.settings.servers_text, name=self.name)  # fmt: skip
         if self._on_lost is not None:
             self._on_lost()
+
+
+def _attempt_timeout_s(settings: NatsSettings) -> float:
+    """Bound of one attempt: every try of every server may take the connect timeout."""
+    return NATS_CONNECT_TIMEOUT_S * (_TRIES_PER_SERVER_AT_START + 1) * len(settings.servers)
 
 
 def _is_auth_error(exc: BaseException) -> bool:
