@@ -1,4 +1,4 @@
-"""The NATS connection helper against real nats-servers: reconnects, clear refusals, loss noticed."""
+"""The NATS connection helper on real nats-servers: reconnects, clear refusals, loss noticed."""
 
 from __future__ import annotations
 
