@@ -45,6 +45,7 @@ NATS_MAX_OUTSTANDING_PINGS: Final = 3
 """A server that stops answering (half-open network) is left after about 15-20 s."""
 _TRIES_PER_SERVER_AT_START: Final = 1
 """nats-py tries each server this many times more than once (so twice) in one attempt."""
+_DROP_NOTICE_POLL_S: Final = 0.01
 _AUTH_MARKERS: Final = ("authorization violation", "authentication", "user authentication")
 
 LostCallback: TypeAlias = Callable[[], None]
@@ -141,14 +142,21 @@ class NatsConnection:
 
     async def wait_connected(self, timeout_s: float) -> bool:
         """Whether the connection is up, waiting at most ``timeout_s`` for a reconnect."""
-        if self.is_connected:
-            return True
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._connected.wait()
-        except TimeoutError:
-            return False
-        return self.is_connected
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.is_connected:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self._connected.is_set():  # nats-py saw the drop and calls us back any moment
+                await asyncio.sleep(min(remaining, _DROP_NOTICE_POLL_S))
+                continue
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._connected.wait()
+            except TimeoutError:
+                return False
+        return True
 
     async def aclose(self) -> None:
         """Drain and close on purpose; ``on_lost`` is not called."""

@@ -234,10 +234,12 @@ class Dispatcher:
                 reason = "the frontend's NATS link dropped, so its replies may be lost"
                 raise InstanceLostError(instance.instance_id, reason, stalled=True)
             if msg is None:
-                if not await self.plane.ping(instance.subject, self.settings.ping_timeout_s):
+                timeout_s, request_id = self.settings.ping_timeout_s, attempt.request_id
+                if not await self.plane.ping(instance.subject, timeout_s, request_id):
                     raise InstanceLostError(
-                        instance.instance_id, "it stopped answering", stalled=True
-                    )
+                        instance.instance_id, "it stopped answering or lost the request",
+                        stalled=True,
+                    )  # fmt: skip
                 continue
             if is_no_responders(msg):
                 raise InstanceLostError(instance.instance_id, "no responder on its subject")

@@ -27,7 +27,7 @@ from nats.aio.subscription import Subscription
 
 from discovery.nats_connection import NatsConnection, NatsState
 from proto.errors import NatsUnavailableError, UnavailableError
-from proto.inference import CancelRequest, PingRequest, encode_msg
+from proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
 
 __all__ = ["Reply", "RequestPlane", "is_no_responders"]
 
@@ -150,17 +150,23 @@ class RequestPlane:
             raise UnavailableError(f"cannot publish to NATS subject {subject!r}: {exc}") from exc
         return reply
 
-    async def ping(self, subject: str, timeout_s: float) -> bool:
-        """Whether a live worker answers a ``PingRequest`` on ``subject`` within ``timeout_s``."""
+    async def ping(self, subject: str, timeout_s: float, request_id: str = "") -> bool:
+        """Whether a live worker answers a ``PingRequest`` on ``subject`` within ``timeout_s``
+        (and, given ``request_id``, says it is still running that request)."""
         try:
-            reply = await self.open(subject, PingRequest())
+            reply = await self.open(subject, PingRequest(request_id=request_id))
         except UnavailableError:
             return False
         try:
             msg = await reply.next(timeout_s)
         finally:
             reply.close()
-        return msg is not None and not is_no_responders(msg)
+        if msg is None or is_no_responders(msg):
+            return False
+        try:
+            return msgspec.msgpack.decode(msg.data, type=UpdateReply).status_code == 200
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
 
     def cancel(self, subject: str, request_id: str) -> None:
         """Tell the instance on ``subject`` to stop ``request_id``; never waits, never raises."""

@@ -74,7 +74,13 @@ class CancelRequest(_Message, tag="cancel"):
 
 
 class PingRequest(_Message, tag="ping"):
-    """Liveness probe: a frontend asks whether the instance still answers."""
+    """Liveness probe: a frontend asks whether the instance still answers.
+
+    With ``request_id``, the instance answers 404 unless it is running that request:
+    a request or its replies lost with a NATS server are then told from a slow engine.
+    """
+
+    request_id: str = ""
 
 
 class UpdateRequest(_Message, tag="update"):

@@ -143,10 +143,16 @@ class Endpoint:
             case CancelRequest(request_id=request_id):
                 if task := self._inflight.get(request_id):
                     task.cancel()
-            case PingRequest():
-                await msg.respond(encode_msg(UpdateReply()))
+            case PingRequest(request_id=request_id):
+                await msg.respond(encode_msg(self._pong(request_id)))
             case UpdateRequest():
                 self._spawn(self._serve_update(message, msg))
+
+    def _pong(self, request_id: str) -> UpdateReply:
+        """Alive; 404 when asked about a request this instance is not running."""
+        if request_id and request_id not in self._inflight:
+            return UpdateReply(status_code=404, body={"message": f"no request {request_id!r}"})
+        return UpdateReply()
 
     def _start_generate(self, request: GenerateRequest, reply: str) -> None:
         if not reply:

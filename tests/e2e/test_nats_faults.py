@@ -1,0 +1,80 @@
+"""NATS faults, short: an outage of a few seconds, and the worker's server of a cluster killed.
+
+The same scenarios run for minutes in ``tests/chaos/test_nats_faults.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.local_servers import start_nats, start_nats_cluster
+from tests.nats_faults import FAIL_FAST_S, RECOVERY_S, fleet, kill_workers_nats_server, nats_outage
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 5.0
+MAX_FAILED_SHARE = 0.001
+"""Issue 14: at most 0.1% of non-streaming requests may fail when a NATS node dies."""
+
+
+def check_nats_outage(tmp_path: Path, etcd_url: str, namespace: str, outage_s: float) -> None:
+    """The outage scenario with its assertions (shared with the chaos suite)."""
+    nats = start_nats(tmp_path / "nats")
+    try:
+        with fleet(tmp_path, etcd_url=etcd_url, nats_url=nats.url, namespace=namespace) as running:
+            figures = nats_outage(running, nats, outage_s=outage_s)
+    finally:
+        nats.stop()
+    print(figures)
+    assert not figures.problems
+    assert figures.failed_fast > 0
+    assert figures.slowest_failure_s < FAIL_FAST_S
+    assert figures.first_success_after_return_s < RECOVERY_S
+
+
+def check_nats_node_kill(
+    tmp_path: Path, etcd_url: str, namespace: str, *, clients: int, after_s: float
+) -> None:
+    """The node-kill scenario with its assertions (shared with the chaos suite)."""
+    servers = start_nats_cluster(tmp_path / "nats")
+    try:
+        urls = ",".join(server.url for server in servers)
+        with fleet(
+            tmp_path, etcd_url=etcd_url, nats_url=urls, namespace=namespace, workers=2
+        ) as running:
+            instance = running.worker_health().json()["instance_id"]
+            cards = _etcd_keys(etcd_url, f"v1/mdc/{namespace}/")
+            figures = kill_workers_nats_server(running, servers, clients=clients, after_s=after_s)
+            assert running.worker_health().json()["instance_id"] == instance
+            assert _etcd_keys(etcd_url, f"v1/mdc/{namespace}/") == cards
+    finally:
+        for server in servers:
+            server.stop()
+    print(figures.sent, figures.failed, round(figures.worker_reconnect_s, 3), figures.errors[:3])
+    assert cards
+    assert figures.failed <= MAX_FAILED_SHARE * figures.sent, figures.errors[:5]
+
+
+def _etcd_keys(etcd_url: str, prefix: str) -> list[str]:
+    etcdctl = Path(sys.executable).parent / "etcdctl"
+    result = subprocess.run(
+        [str(etcdctl), "--endpoints", etcd_url, "get", "--prefix", prefix, "--keys-only"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return sorted(line for line in result.stdout.splitlines() if line)
+
+
+def test_a_nats_outage_fails_fast_then_every_request_succeeds(
+    tmp_path: Path, etcd_url: str, namespace: str
+) -> None:
+    check_nats_outage(tmp_path, etcd_url, namespace, OUTAGE_S)
+
+
+def test_killing_the_workers_nats_node_under_load_loses_no_card_and_no_request(
+    tmp_path: Path, etcd_url: str, namespace: str
+) -> None:
+    check_nats_node_kill(tmp_path, etcd_url, namespace, clients=4, after_s=2.0)
