@@ -34,8 +34,10 @@ from discovery.logs import (
     configure_logging,
 )
 from discovery.nats_connection import (
+    DEFAULT_INBOX_PREFIX,
     NATS_CONNECT_TIMEOUT_S,
     NATS_RECONNECT_CAP_S,
+    WORKER_INBOX_PREFIX,
     LostCallback,
     NatsConnection,
     NatsState,
@@ -53,6 +55,7 @@ from discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "DEFAULT_INBOX_PREFIX",
     "DEFAULT_NATS_SERVER",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
@@ -71,6 +74,7 @@ __all__ = [
     "NatsSettingsError",
     "NatsState",
     "StateListener",
+    "WORKER_INBOX_PREFIX",
     "WatchCache",
     "WatchListener",
     "adapter_key",

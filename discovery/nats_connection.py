@@ -27,12 +27,14 @@ from discovery.nats_settings import NatsSettings
 from proto.backoff import backoff_s
 
 __all__ = [
+    "DEFAULT_INBOX_PREFIX",
     "LostCallback",
     "NATS_CONNECT_TIMEOUT_S",
     "NATS_RECONNECT_CAP_S",
     "NatsConnection",
     "NatsState",
     "StateListener",
+    "WORKER_INBOX_PREFIX",
 ]
 
 log = structlog.get_logger(__name__)
@@ -47,6 +49,11 @@ _TRIES_PER_SERVER_AT_START: Final = 1
 """nats-py tries each server this many times more than once (so twice) in one attempt."""
 _DROP_NOTICE_POLL_S: Final = 0.01
 _AUTH_MARKERS: Final = ("authorization violation", "authentication", "user authentication")
+
+DEFAULT_INBOX_PREFIX: Final = "_INBOX"
+"""Reply subjects of frontends and tools: ``_INBOX.{nuid}.{token}``."""
+WORKER_INBOX_PREFIX: Final = "_INBOX_WORKER"
+"""Reply subjects of workers (their start-up self-check); workers may not read ``_INBOX.>``."""
 
 LostCallback: TypeAlias = Callable[[], None]
 """Called once when the connection closed for good without ``aclose()``: exit non-zero."""
@@ -88,9 +95,18 @@ class NatsConnection:
 
     @classmethod
     async def connect(
-        cls, settings: NatsSettings, *, name: str, on_lost: LostCallback | None = None
+        cls,
+        settings: NatsSettings,
+        *,
+        name: str,
+        on_lost: LostCallback | None = None,
+        inbox_prefix: str = DEFAULT_INBOX_PREFIX,
     ) -> NatsConnection:
-        """One attempt over the server list; raises ``NatsAuthError`` or ``NatsConnectError``."""
+        """One attempt over the server list; raises ``NatsAuthError`` or ``NatsConnectError``.
+
+        ``inbox_prefix`` keeps a role's reply subjects apart (``WORKER_INBOX_PREFIX``), so
+        that NATS authorization can let only frontends read ``_INBOX.>``.
+        """
         conn = cls(settings, name, on_lost)
         client = conn._client = NatsClient()
         try:
@@ -102,7 +118,7 @@ class NatsConnection:
                     max_outstanding_pings=NATS_MAX_OUTSTANDING_PINGS,
                     error_cb=conn._on_error, disconnected_cb=conn._on_disconnected,
                     reconnected_cb=conn._on_reconnected, closed_cb=conn._on_closed,
-                    **settings.connect_options(),
+                    inbox_prefix=inbox_prefix, **settings.connect_options(),
                 )  # fmt: skip
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             conn._start_errors.append(exc)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import IO, Final
 import httpx
 
 from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
@@ -39,6 +40,7 @@ class ClusterOptions:
         ClusterOptions()                                   # hf worker, demo model, port 8000
         ClusterOptions(engine="mocker", workers=2)
         ClusterOptions(engine="vllm", model="/models/llama", adapters={})
+        ClusterOptions(secure=True)                        # NATS with authorization
     """
 
     engine: str = "hf"
@@ -52,6 +54,8 @@ class ClusterOptions:
     adapters: dict[str, str] | None = None
     """Adapters to load by name and URI; None means the demo's pirate and robot."""
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
+    secure: bool = False
+    """Credentials generated under ``state_dir/secrets``; NATS with ``deploy/nats/auth.conf``."""
 
 
 @dataclass
@@ -66,18 +70,20 @@ def run_cluster(options: ClusterOptions) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ExitStack() as stack:
-        etcd, nats = _start_servers(options, stack)
+        etcd, nats, nats_env = _start_servers(options, stack)
         env = {
             "ETCD_ENDPOINTS": etcd.url,
             "NATS_SERVER": nats.url,
             "DYN_NAMESPACE": options.namespace,
         }
         children = stack.enter_context(_children())
-        children.append(_spawn("frontend", _frontend_argv(options), env))
+        frontend_env = {**env, **nats_env("frontend")}
+        children.append(_spawn("frontend", _frontend_argv(options), frontend_env))
         worker_urls = []
         for index in range(options.workers):
             port = options.system_port + index
-            children.append(_spawn(f"worker-{index}", _worker_argv(options, model, port), env))
+            argv, worker_env = _worker_argv(options, model, port), {**env, **nats_env("worker")}
+            children.append(_spawn(f"worker-{index}", argv, worker_env))
             worker_urls.append(f"http://127.0.0.1:{port}")
         frontend_url = f"http://127.0.0.1:{options.http_port}"
         _wait_ready([frontend_url, *worker_urls], children)
@@ -104,14 +110,28 @@ def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
     return str(demo.base), default if options.adapters is None else dict(options.adapters)
 
 
-def _start_servers(options: ClusterOptions, stack: ExitStack) -> tuple[LocalServer, LocalServer]:
+def _start_servers(
+    options: ClusterOptions, stack: ExitStack
+) -> tuple[LocalServer, LocalServer, Callable[[str], dict[str, str]]]:
     data = options.state_dir.resolve()
     shutil.rmtree(data / "servers", ignore_errors=True)  # a fresh etcd: nothing stale
     etcd = start_etcd(data / "servers", port=_port_or_free(2379))
     stack.callback(etcd.stop)
-    nats = start_nats(data / "servers", port=_port_or_free(4222))
+    nats, nats_env = _start_nats(options, data)
     stack.callback(nats.stop)
-    return etcd, nats
+    return etcd, nats, nats_env
+
+
+def _start_nats(
+    options: ClusterOptions, data: Path
+) -> tuple[LocalServer, Callable[[str], dict[str, str]]]:
+    """NATS, and the ``NATS_AUTH_*`` variables of a role (none unless ``--secure``)."""
+    port = _port_or_free(4222)
+    if not options.secure:
+        return start_nats(data / "servers", port=port), lambda role: {}
+    credentials: NatsCredentials = nats_credentials(data)
+    nats = start_secure_nats(data / "servers", credentials, namespace=options.namespace, port=port)
+    return nats, credentials.client_env
 
 
 def _port_or_free(preferred: int) -> int:

@@ -61,8 +61,9 @@ def fleet(
     etcd_url: str,
     nats_url: str,
     namespace: str,
-    env: dict[str, str] | None = None,
     workers: int = 1,
+    worker_env: dict[str, str] | None = None,
+    frontend_env: dict[str, str] | None = None,
 ) -> Iterator[Fleet]:
     """Start workers and a frontend, wait until the model answers, stop them all at the end."""
     started: list[ServiceProcess] = []
@@ -70,10 +71,10 @@ def fleet(
         for _ in range(workers):
             started.append(start_worker(
                 log_dir, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
-                model=MODEL, args=("--engine", "mocker"), env=env,
+                model=MODEL, args=("--engine", "mocker"), env=worker_env,
             ))  # fmt: skip
         frontend = start_frontend(log_dir, etcd_url=etcd_url, nats_url=nats_url,
-                                  namespace=namespace, env=env)  # fmt: skip
+                                  namespace=namespace, env=frontend_env)  # fmt: skip
         started.append(frontend)
         running = Fleet(started[:workers], frontend)
         _until(lambda: _answers(running), "the model answers through the frontend")

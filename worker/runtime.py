@@ -20,7 +20,7 @@ import structlog
 from discovery.client import EtcdClient, connect_etcd
 from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
-from discovery.nats_connection import NatsConnection
+from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
 from proto.discovery import Instance, encode_record
 from worker.adapter_engine import AdapterEngine
@@ -63,8 +63,9 @@ class WorkerRuntime:
         cfg = self.config
         settings = NatsSettings.from_env(cfg.nats_server)
         nats = await NatsConnection.connect(
-            settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost
-        )
+            settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost,
+            inbox_prefix=WORKER_INBOX_PREFIX,
+        )  # fmt: skip
         nc = nats.client
         etcd = await connect_etcd(cfg.etcd_endpoints)
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
