@@ -33,7 +33,7 @@ __all__ = ["Reply", "RequestPlane", "is_no_responders"]
 
 log = structlog.get_logger(__name__)
 
-NATS_RECONNECT_GRACE_S: Final = 0.5
+NATS_RECONNECT_GRACE_S: Final = 0.25
 """How long a new request waits for a dropped NATS link to come back before its 503."""
 _STATUS_HEADER: Final = "Status"
 _NO_RESPONDERS: Final = "503"
