@@ -6,11 +6,16 @@ The passwords are made by ``launch.secure_nats`` as ``lorafleet up --secure`` ma
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import nats
+import openai
 import pytest
 from nats.aio.msg import Msg
 
@@ -18,8 +23,9 @@ from discovery.errors import NatsAuthError
 from discovery.keys import nats_subject
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
-from launch.local_servers import LocalServer
+from launch.local_servers import LocalServer, free_port
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
+from tests.launch.test_cluster import _read_until_ready
 from tests.nats_faults import fleet
 
 WAIT_S = 10.0
@@ -122,3 +128,38 @@ def test_worker_and_frontend_serve_chat_with_their_own_credentials(
         completion = running.chat()
         assert completion.choices[0].message.content
         assert running.worker_health().json()["nats"] == "connected"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_up_secure_serves_chat_and_refuses_anonymous_nats_clients(tmp_path: Path) -> None:
+    state, http_port = tmp_path / "state", free_port()
+    argv = [
+        str(Path(sys.executable).parent / "lorafleet"), "up", "--secure", "--engine", "mocker",
+        "--model", "demo", "--http-port", str(http_port), "--system-port", str(free_port()),
+        "--state-dir", str(state), "--namespace", f"secure{http_port}",
+    ]  # fmt: skip
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        await asyncio.to_thread(_read_until_ready, up)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused",
+                               max_retries=0)  # fmt: skip
+        messages = [{"role": "user", "content": "tell me a story"}]
+        completion = await asyncio.to_thread(
+            client.chat.completions.create, model="demo", messages=messages, max_tokens=4
+        )
+        assert completion.choices[0].message.content
+        nats_url = _nats_url(state / "servers" / "nats.log")
+        with pytest.raises(NatsAuthError):
+            await NatsConnection.connect(NatsSettings(servers=(nats_url,)), name="anonymous")
+        assert stat.S_IMODE((state / "secrets" / "nats.json").stat().st_mode) == 0o600
+    finally:
+        up.send_signal(signal.SIGINT)
+        exit_code = await asyncio.to_thread(up.wait, 60)
+    assert exit_code == 0
+
+
+def _nats_url(log: Path) -> str:
+    found = re.search(r"Listening for client connections on (\S+)", log.read_text())
+    assert found, log.read_text()
+    return f"nats://{found.group(1)}"
