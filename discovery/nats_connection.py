@@ -245,6 +245,8 @@ class NatsConnection:
         down_s = time.monotonic() - self._down_since if self._down_since else 0.0
         self._set_state(NatsState.CONNECTED)
         self._failures, self._last_reason, self._down_since = 0, "", None
+        if self._client is not None:  # the next outage starts again without a wait
+            self._client.options["reconnect_time_wait"] = 0
         log.info("nats reconnected", server=self.server, down_s=round(down_s, 3))
 
     async def _on_closed(self) -> None:
