@@ -135,9 +135,10 @@ class RequestPlane:
     async def open(self, subject: str, message: msgspec.Struct) -> Reply:
         """Publish ``message`` to ``subject`` with a fresh reply subject and return it."""
         if not await self.connection.wait_connected(NATS_RECONNECT_GRACE_S):
+            servers = self.connection.settings.servers_text
             raise NatsUnavailableError(
-                "this frontend's NATS connection is down (reconnecting), so no worker can be "
-                "reached; check nats-server and NATS_SERVER",
+                f"this frontend's NATS connection ({servers}) is down and reconnecting, so no "
+                "worker can be reached; check nats-server and NATS_SERVER",
                 subject=subject,
             )
         token = format(next(self._tokens), "x")
