@@ -7,6 +7,7 @@ its figures, printed by the tests and quoted in ``docs/nats.md``.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -177,6 +178,9 @@ class KillFigures:
     sent: int = 0
     failed: int = 0
     worker_reconnect_s: float = 0.0
+    """From the kill until the worker's ``/health`` names another server (polled)."""
+    worker_down_s: str = ""
+    """What the worker logged: ``down_s`` of its ``nats reconnected`` line."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -227,6 +231,8 @@ def kill_workers_nats_server(
         _until(lambda: _moved(running, on), "the worker to reconnect elsewhere")
         load.figures.worker_reconnect_s = time.monotonic() - killed
         time.sleep(after_s)  # the scenario's duration under load, not a synchronisation
+    found = re.findall(r"nats reconnected\s+down_s=([0-9.]+)", running.worker.log_path.read_text())
+    load.figures.worker_down_s = found[-1] if found else "?"
     return load.figures
 
 

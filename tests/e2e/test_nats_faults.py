@@ -54,7 +54,7 @@ def check_nats_node_kill(
     finally:
         for server in servers:
             server.stop()
-    print(figures.sent, figures.failed, round(figures.worker_reconnect_s, 3), figures.errors[:3])
+    print(figures)
     assert cards
     assert figures.failed <= MAX_FAILED_SHARE * figures.sent, figures.errors[:5]
 
