@@ -146,6 +146,7 @@ class Dispatcher:
     async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
         """Run ``request`` to its final chunk, retrying on other instances until then."""
         tried: list[int] = []
+        forgiven: set[int] = set()
         last: LorafleetError | None = None
         while len(tried) < self.settings.max_attempts:
             attempt = await self._start(served, request, tried, last)
@@ -153,6 +154,7 @@ class Dispatcher:
                 return await self._collect(attempt)
             except (InstanceLostError, WorkerError) as exc:
                 last = self._retryable_or_raise(exc, attempt)
+                _forgive_link_drop(exc, tried, forgiven)
             except BaseException:
                 self.plane.cancel(attempt.instance.subject, request.request_id)
                 raise
@@ -163,6 +165,7 @@ class Dispatcher:
     async def stream(self, served: ServedModel, request: GenerateRequest) -> TokenStream:
         """Start ``request`` and wait for its first chunk, retrying elsewhere until then."""
         tried: list[int] = []
+        forgiven: set[int] = set()
         last: LorafleetError | None = None
         while len(tried) < self.settings.max_attempts:
             attempt = await self._start(served, request, tried, last)
@@ -171,6 +174,7 @@ class Dispatcher:
             except InstanceLostError as exc:
                 self._finish(attempt)
                 last = self._retryable_or_raise(exc, attempt)
+                _forgive_link_drop(exc, tried, forgiven)
                 continue
             except BaseException:
                 self._finish(attempt)
@@ -232,7 +236,9 @@ class Dispatcher:
             msg = await attempt.reply.next(self.settings.stall_s)
             if msg is None and attempt.reply.dropped:
                 reason = "the frontend's NATS link dropped, so its replies may be lost"
-                raise InstanceLostError(instance.instance_id, reason, stalled=True)
+                raise InstanceLostError(
+                    instance.instance_id, reason, stalled=True, link_dropped=True
+                )
             if msg is None:
                 timeout_s, request_id = self.settings.ping_timeout_s, attempt.request_id
                 if not await self.plane.ping(instance.subject, timeout_s, request_id):
@@ -268,7 +274,8 @@ class Dispatcher:
         if isinstance(exc, WorkerError) and exc.error.code not in RETRYABLE_WORKER_CODES:
             raise exc
         if isinstance(exc, InstanceLostError):
-            self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
+            if not exc.link_dropped:  # our own link's fault, not the instance's
+                self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
                 self.plane.cancel(attempt.instance.subject, attempt.request_id)
         log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
@@ -281,3 +288,11 @@ class Dispatcher:
         if isinstance(last, WorkerError):
             return last
         return NoLiveInstanceError(served.name, tried)
+
+
+def _forgive_link_drop(exc: LorafleetError, tried: list[int], forgiven: set[int]) -> None:
+    """A loss caused by this frontend's own NATS link is not the instance's fault: let the
+    request try that instance once more (a single-instance model survives a fail-over)."""
+    if isinstance(exc, InstanceLostError) and exc.link_dropped and exc.instance_id not in forgiven:
+        forgiven.add(exc.instance_id)
+        tried.remove(exc.instance_id)

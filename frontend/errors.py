@@ -146,10 +146,14 @@ class NoLiveInstanceError(UnavailableError):
 class InstanceLostError(UnavailableError):
     """An instance has no responder or stopped answering; another may be tried."""
 
-    def __init__(self, instance_id: int, reason: str, *, stalled: bool = False) -> None:
+    def __init__(
+        self, instance_id: int, reason: str, *, stalled: bool = False, link_dropped: bool = False
+    ) -> None:
         self.instance_id = instance_id
         self.reason = reason
         self.stalled = stalled
+        self.link_dropped = link_dropped
+        """This frontend's own NATS link dropped: the instance itself may be fine."""
         super().__init__(f"Worker instance {instance_id:x} is not answering: {reason}")
 
 
