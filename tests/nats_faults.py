@@ -65,6 +65,7 @@ def fleet(
     workers: int = 1,
     worker_env: dict[str, str] | None = None,
     frontend_env: dict[str, str] | None = None,
+    frontend_nats_url: str | None = None,
 ) -> Iterator[Fleet]:
     """Start workers and a frontend, wait until the model answers, stop them all at the end."""
     started: list[ServiceProcess] = []
@@ -74,7 +75,8 @@ def fleet(
                 log_dir, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
                 model=MODEL, args=("--engine", "mocker"), env=worker_env,
             ))  # fmt: skip
-        frontend = start_frontend(log_dir, etcd_url=etcd_url, nats_url=nats_url,
+        frontend_url = frontend_nats_url or nats_url
+        frontend = start_frontend(log_dir, etcd_url=etcd_url, nats_url=frontend_url,
                                   namespace=namespace, env=frontend_env)  # fmt: skip
         started.append(frontend)
         running = Fleet(started[:workers], frontend)
@@ -179,8 +181,8 @@ class KillFigures:
     failed: int = 0
     worker_reconnect_s: float = 0.0
     """From the kill until the worker's ``/health`` names another server (polled)."""
-    worker_down_s: str = ""
-    """What the worker logged: ``down_s`` of its ``nats reconnected`` line."""
+    down_s: str = ""
+    """What the process on the killed node logged: ``down_s`` of its ``nats reconnected``."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -231,11 +233,27 @@ def kill_workers_nats_server(
         _until(lambda: _moved(running, on), "the worker to reconnect elsewhere")
         load.figures.worker_reconnect_s = time.monotonic() - killed
         time.sleep(after_s)  # the scenario's duration under load, not a synchronisation
-    found = re.findall(r"nats reconnected\s+down_s=([0-9.]+)", running.worker.log_path.read_text())
-    load.figures.worker_down_s = found[-1] if found else "?"
+    load.figures.down_s = _logged_down_s(running.worker)
     return load.figures
+
+
+def _logged_down_s(process: ServiceProcess) -> str:
+    found = re.findall(r"nats reconnected\s+down_s=([0-9.]+)", process.log_path.read_text())
+    return found[-1] if found else ""
 
 
 def _moved(running: Fleet, old_server: str) -> bool:
     body = running.worker_health().json()
     return body.get("nats") == "connected" and body.get("nats_server") != old_server
+
+
+def kill_frontends_nats_server(
+    running: Fleet, victim: LocalServer, *, clients: int, after_s: float
+) -> KillFigures:
+    """Under load, SIGKILL the NATS server the frontend is on; load on for ``after_s`` more."""
+    with _Load(running, clients) as load:
+        _until(lambda: load.figures.sent >= 20 * clients, "load to run")
+        victim.stop(kill=True)
+        time.sleep(after_s)  # the scenario's duration under load, not a synchronisation
+    load.figures.down_s = _logged_down_s(running.frontend)
+    return load.figures

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from launch.local_servers import start_nats, start_nats_cluster
-from tests.nats_faults import FAIL_FAST_S, RECOVERY_S, fleet, kill_workers_nats_server, nats_outage
+from tests.nats_faults import (
+    FAIL_FAST_S,
+    RECOVERY_S,
+    fleet,
+    kill_frontends_nats_server,
+    kill_workers_nats_server,
+    nats_outage,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +62,7 @@ def check_nats_node_kill(
         for server in servers:
             server.stop()
     print(figures)
+    assert figures.down_s, "the worker never logged its reconnection"
     assert cards
     assert figures.failed <= MAX_FAILED_SHARE * figures.sent, figures.errors[:5]
 
@@ -78,3 +86,24 @@ def test_killing_the_workers_nats_node_under_load_loses_no_card_and_no_request(
     tmp_path: Path, etcd_url: str, namespace: str
 ) -> None:
     check_nats_node_kill(tmp_path, etcd_url, namespace, clients=4, after_s=2.0)
+
+
+def test_killing_the_frontends_nats_node_loses_no_request_of_a_single_instance(
+    tmp_path: Path, etcd_url: str, namespace: str
+) -> None:
+    """The frontend knows one node (and learns the others from it); the one worker is on
+    another. Requests whose replies the frontend's dropped link lost are retried on the same
+    instance."""
+    servers = start_nats_cluster(tmp_path / "nats")
+    try:
+        with fleet(
+            tmp_path, etcd_url=etcd_url, nats_url=servers[1].url, namespace=namespace,
+            frontend_nats_url=servers[0].url,
+        ) as running:  # fmt: skip
+            figures = kill_frontends_nats_server(running, servers[0], clients=4, after_s=2.0)
+    finally:
+        for server in servers:
+            server.stop()
+    print(figures)
+    assert figures.down_s, "the frontend never logged its reconnection"
+    assert figures.failed <= MAX_FAILED_SHARE * figures.sent, figures.errors[:5]
