@@ -9,6 +9,7 @@ first chunk for a stream, until the final chunk for a whole completion.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+FAILOVER_PAUSE_S: Final = 0.25
+"""Wait before re-trying an instance nobody answered for, when no other is left: a worker
+whose NATS node died is back on another node within tens of milliseconds."""
 RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
 """Worker errors that another instance may not have (shutting down, adapter gone, full)."""
 
@@ -154,7 +158,7 @@ class Dispatcher:
                 return await self._collect(attempt)
             except (InstanceLostError, WorkerError) as exc:
                 last = self._retryable_or_raise(exc, attempt)
-                _forgive_link_drop(exc, tried, forgiven)
+                await self._forgive_failover(exc, served, tried, forgiven)
             except BaseException:
                 self.plane.cancel(attempt.instance.subject, request.request_id)
                 raise
@@ -174,7 +178,7 @@ class Dispatcher:
             except InstanceLostError as exc:
                 self._finish(attempt)
                 last = self._retryable_or_raise(exc, attempt)
-                _forgive_link_drop(exc, tried, forgiven)
+                await self._forgive_failover(exc, served, tried, forgiven)
                 continue
             except BaseException:
                 self._finish(attempt)
@@ -248,7 +252,9 @@ class Dispatcher:
                     )  # fmt: skip
                 continue
             if is_no_responders(msg):
-                raise InstanceLostError(instance.instance_id, "no responder on its subject")
+                raise InstanceLostError(
+                    instance.instance_id, "no responder on its subject", no_responders=True
+                )
             try:
                 return decode_chunk(msg.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -282,17 +288,31 @@ class Dispatcher:
                  reason=exc.message)  # fmt: skip
         return exc
 
+    async def _forgive_failover(
+        self, exc: LorafleetError, served: ServedModel, tried: list[int], forgiven: set[int]
+    ) -> None:
+        """Let an instance lost to a NATS fail-over be tried once more: at once when this
+        frontend's own link dropped; when nobody answered its subject (its node may have
+        died a moment ago) only after ``FAILOVER_PAUSE_S``, and only if no other fresh
+        instance is left. A single-instance model thus survives a NATS node's death."""
+        if not isinstance(exc, InstanceLostError) or exc.instance_id in forgiven:
+            return
+        if not (exc.link_dropped or exc.no_responders):
+            return
+        forgiven.add(exc.instance_id)
+        tried.remove(exc.instance_id)
+        if exc.no_responders and not self._fresh_instances(served, tried, forgiven):
+            await asyncio.sleep(FAILOVER_PAUSE_S)
+
+    def _fresh_instances(
+        self, served: ServedModel, tried: list[int], forgiven: set[int]
+    ) -> list[Instance]:
+        avoid = {*self._avoid(tried), *forgiven}
+        return [i for i in served.instances if i.instance_id not in avoid]
+
     def _exhausted(
         self, served: ServedModel, tried: list[int], last: LorafleetError | None
     ) -> LorafleetError:
         if isinstance(last, WorkerError):
             return last
         return NoLiveInstanceError(served.name, tried)
-
-
-def _forgive_link_drop(exc: LorafleetError, tried: list[int], forgiven: set[int]) -> None:
-    """A loss caused by this frontend's own NATS link is not the instance's fault: let the
-    request try that instance once more (a single-instance model survives a fail-over)."""
-    if isinstance(exc, InstanceLostError) and exc.link_dropped and exc.instance_id not in forgiven:
-        forgiven.add(exc.instance_id)
-        tried.remove(exc.instance_id)

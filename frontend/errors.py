@@ -147,13 +147,21 @@ class InstanceLostError(UnavailableError):
     """An instance has no responder or stopped answering; another may be tried."""
 
     def __init__(
-        self, instance_id: int, reason: str, *, stalled: bool = False, link_dropped: bool = False
+        self,
+        instance_id: int,
+        reason: str,
+        *,
+        stalled: bool = False,
+        link_dropped: bool = False,
+        no_responders: bool = False,
     ) -> None:
         self.instance_id = instance_id
         self.reason = reason
         self.stalled = stalled
         self.link_dropped = link_dropped
         """This frontend's own NATS link dropped: the instance itself may be fine."""
+        self.no_responders = no_responders
+        """Nobody subscribes its subject: it exited, or its NATS node died a moment ago."""
         super().__init__(f"Worker instance {instance_id:x} is not answering: {reason}")
 
 
