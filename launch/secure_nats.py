@@ -29,6 +29,9 @@ NATS_AUTH_CONF: Final = Path(__file__).resolve().parents[1] / "deploy" / "nats" 
 NATS_ROLES: Final = ("admin", "frontend", "worker")
 """The users of ``auth.conf``: each role's subject permissions are documented there."""
 _PASSWORD_BYTES: Final = 32
+_PASSWORD_PREFIX: Final = "lf"
+"""Letters first, then hex: nats-server parses variables as config, and refuses some values
+that start with '-' or a digit even in quotes (seen with ``token_urlsafe``)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def nats_credentials(state_dir: Path) -> NatsCredentials:
     if path.exists():
         return NatsCredentials(json.loads(path.read_text()))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    passwords = {role: secrets.token_urlsafe(_PASSWORD_BYTES) for role in NATS_ROLES}
+    passwords = {role: _PASSWORD_PREFIX + secrets.token_hex(_PASSWORD_BYTES) for role in NATS_ROLES}
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
         json.dump(passwords, file)
