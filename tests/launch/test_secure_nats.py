@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from discovery.errors import NatsAuthError
 from discovery.keys import nats_subject
-from discovery.nats_connection import NatsConnection
+from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
 from launch.local_servers import LocalServer, free_port
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
@@ -103,7 +103,9 @@ async def _request_and_reply(
     worker_settings = _settings(server, credentials, "worker")
     frontend_settings = _settings(server, credentials, "frontend")
     async with (
-        await NatsConnection.connect(worker_settings, name="worker") as worker,
+        await NatsConnection.connect(
+            worker_settings, name="worker", inbox_prefix=WORKER_INBOX_PREFIX
+        ) as worker,
         await NatsConnection.connect(frontend_settings, name="frontend") as frontend,
     ):
 
@@ -111,7 +113,7 @@ async def _request_and_reply(
             await msg.respond(b"generated tokens")
 
         await worker.client.subscribe(worker_subject, cb=serve)
-        await worker.client.flush()
+        await worker.client.request(worker_subject, b"self-check", timeout=WAIT_S)  # as workers do
         answer = await frontend.client.request(worker_subject, b"prompt", timeout=WAIT_S)
         assert answer.data == b"generated tokens"
 
