@@ -17,7 +17,7 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from discovery.client import connect_etcd
@@ -162,8 +162,8 @@ def _describe(exc: HTTPException) -> tuple[str, str | None]:
         return f"Request body too large: the frontend reads at most {MAX_BODY_BYTES} bytes", None
     if exc.status_code == 405:
         return f"{detail}; allowed: {(exc.headers or {}).get('allow', 'none')}", None
-    if exc.status_code == 400 and "JSON" in detail:
-        return f"Invalid request body: {detail}", None
+    if isinstance(exc.__cause__, SerializationException):
+        return f"Invalid request body: not valid JSON: {detail}", None
     return detail, None
 
 

@@ -35,6 +35,7 @@ from proto.errors import (
     UpstreamError,
     http_status,
 )
+from proto.limits import shorten
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
@@ -142,7 +143,7 @@ class ModelNotFoundError(NotFoundError):
             else ""
         )
         super().__init__(
-            f"The model {model!r} does not exist or no live instance serves it; "
+            f"The model {shorten(model)!r} does not exist or no live instance serves it; "
             f"available models: {shown}{more}"
         )
 
