@@ -38,7 +38,10 @@ MAX_REPLICAS: Final = 65_536
 LoraName = Annotated[str, msgspec.Meta(max_length=MAX_LORA_NAME_CHARS)]
 BaseModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME_CHARS)]
 Uri = Annotated[str, msgspec.Meta(max_length=MAX_URI_CHARS)]
-Replicas = Annotated[int, msgspec.Meta(le=MAX_REPLICAS)]
+Replicas = Annotated[
+    Annotated[int, msgspec.Meta(le=MAX_REPLICAS)] | Literal["all"],
+    msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
+]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
@@ -85,7 +88,7 @@ class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     name: LoraName
     base_model: BaseModelName
     source: LoraSource
-    replicas: Replicas | Literal["all"] = 1
+    replicas: Replicas = 1
     pinned: bool = False
 
 

@@ -62,7 +62,13 @@ ModelName = Annotated[
 ]
 ShortText = Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT_CHARS)]
 StopText = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
-Stop = StopText | Annotated[list[StopText], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None
+Stop = Annotated[
+    StopText | Annotated[list[StopText], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None,
+    msgspec.Meta(
+        description=f"a string or up to {MAX_STOP_SEQUENCES}, each at most {MAX_STOP_CHARS} "
+        "characters"
+    ),
+]
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
