@@ -54,7 +54,7 @@ MAX_SHORT_TEXT_CHARS: Final = 256
 MAX_LIST_ITEMS: Final = 4096
 """Most items in a list of a body (chat turns, content parts)."""
 
-MAX_SHOWN_CHARS: Final = 120
+MAX_SHOWN_CHARS: Final = 256
 """Most characters of a caller's text that an error message repeats."""
 
 _JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)

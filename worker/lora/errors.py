@@ -19,6 +19,7 @@ failure in ``failures``.
 from __future__ import annotations
 
 from proto.errors import InvalidRequestError, LorafleetError, NotFoundError, UnavailableError
+from proto.limits import shorten
 from worker.lora._redact import redact_uri
 
 __all__ = [
@@ -34,8 +35,8 @@ __all__ = [
 class LoraSourceError(LorafleetError):
     """An adapter URI could not be resolved to a local directory.
 
-    ``uri`` is stored without secrets; ``failures`` holds the per-source errors
-    when several sources were tried.
+    ``uri`` is stored without secrets, cut to ``MAX_SHOWN_CHARS``; ``failures`` holds
+    the per-source errors when several sources were tried.
     """
 
     def __init__(
@@ -46,7 +47,7 @@ class LoraSourceError(LorafleetError):
         hint: str = "",
         failures: tuple[LoraSourceError, ...] = (),
     ) -> None:
-        self.uri = redact_uri(uri)
+        self.uri = shorten(redact_uri(uri))
         self.reason = reason
         self.hint = hint
         self.failures = failures

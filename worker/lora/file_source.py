@@ -8,13 +8,20 @@ about it (even whether it exists) is revealed.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
 from worker.lora.errors import LoraInvalidAdapterError, LoraInvalidUriError, LoraNotFoundError
 
 __all__ = ["FileSource", "file_uri_path"]
+
+NAME_MAX_BYTES: Final = 255
+PATH_MAX_BYTES: Final = 4096
+"""Linux's limits on a path's components and whole; longer paths are the caller's mistake
+(the file system would answer ENAMETOOLONG, which is no outage)."""
 
 
 def file_uri_path(uri: str) -> Path:
@@ -31,7 +38,20 @@ def file_uri_path(uri: str) -> Path:
             "not an absolute file path",
             hint="write file:///absolute/path and percent-encode '?' and '#'",
         )
+    if _too_long(path):
+        raise LoraInvalidUriError(
+            uri,
+            "the path is too long for a file system",
+            hint=f"at most {PATH_MAX_BYTES} bytes, {NAME_MAX_BYTES} per component",
+        )
     return Path(path)
+
+
+def _too_long(path: str) -> bool:
+    encoded = os.fsencode(path)
+    return len(encoded) >= PATH_MAX_BYTES or any(
+        len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")
+    )
 
 
 class FileSource:
