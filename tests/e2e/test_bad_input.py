@@ -257,3 +257,15 @@ def test_a_client_mistake_is_a_4xx_with_a_message(
     assert len(message) < MAX_MESSAGE_CHARS, "a long input was echoed whole"
     if case.status == 405:
         assert case.words in answer.headers["Allow"]
+
+
+def test_the_openapi_document_shows_the_bounds(services: dict[Service, ServiceProcess]) -> None:
+    schemas = httpx.get(services["frontend"].url + "/openapi.json").json()["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert (chat["seed"]["minimum"], chat["seed"]["maximum"]) == (-(2**63), 2**63 - 1)
+    assert chat["max_tokens"]["maximum"] == 2**31 - 1
+    assert chat["model"]["maxLength"] == 512
+    assert chat["messages"]["maxItems"] == 4096
+    assert "16" in chat["stop"]["description"]
+    assert schemas["LoraSource"]["properties"]["uri"]["maxLength"] == 4096
+    assert "65536" in schemas["AdapterSpec"]["properties"]["replicas"]["description"]
