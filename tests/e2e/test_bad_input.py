@@ -126,6 +126,8 @@ FRONTEND_CASES = [Case(*row, service="frontend") for row in [
     ("chat-over-nats-payload", "POST", CHAT, _turn(content=TWO_MIB), 413, "max_payload"),
     ("chat-413-names-the-limit", "POST", CHAT, _turn(content=TWO_MIB), 413,
      str(NATS_MAX_PAYLOAD_BYTES)),
+    ("chat-stream-over-nats-payload", "POST", CHAT,
+     _chat(messages=[{"role": "user", "content": TWO_MIB}], stream=True), 413, "max_payload"),
     ("chat-get", "GET", CHAT, None, 405, "POST"),
     ("completions-deep", "POST", COMPLETIONS, DEEP, 400, DEPTH),
     ("completions-no-prompt", "POST", COMPLETIONS, _json({"model": "demo"}), 400, "prompt"),
