@@ -26,7 +26,10 @@ PATH_MAX_BYTES: Final = 4096
 
 def file_uri_path(uri: str) -> Path:
     """Return the absolute path named by a ``file:///abs/path`` URI (percent-decoded)."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 host
+        raise LoraInvalidUriError(uri, f"not a file URI ({exc})") from None
     if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
         raise LoraInvalidUriError(
             uri, "a file URI names no host", hint="write file:///absolute/path (three slashes)"
