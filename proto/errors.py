@@ -122,6 +122,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "unauthorized": 401,
     "not_found": 404,
     "conflict": 409,
+    "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
     "capacity": 429,
     "internal_error": 500,
     "upstream_error": 502,

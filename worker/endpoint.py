@@ -150,7 +150,8 @@ class Endpoint:
     async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
         try:
             message = decode_instance_message(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            # RecursionError: msgpack nested deeper than the decoder's stack (a tool's mistake)
             error = InvalidRequestError(f"undecodable message on {msg.subject}: {exc}")
             if msg.reply:
                 await self._nc.publish(msg.reply, encode_msg(ErrorChunk(error=error.to_info())))

@@ -35,6 +35,7 @@ from proto.errors import (
     LorafleetError,
     NotFoundError,
 )
+from proto.limits import shorten
 from proto.naming import lora_id, lora_slug
 from worker import metrics
 from worker.engine import AdapterBackend, EngineHandler, ModelEndpoint
@@ -157,17 +158,18 @@ class LoraController:
         return self._locks.setdefault(name, asyncio.Lock())
 
     def _check_uri(self, name: str, uri: str) -> str:
+        shown = shorten(redact_uri(uri))
         scheme, sep, rest = uri.partition("://")
         supported = sorted(self._source.supported_schemes())
         if not sep or not rest:
             raise InvalidRequestError(
-                f"source.uri {redact_uri(uri)!r} of adapter {name!r} is not a URI; use e.g. "
+                f"source.uri {shown!r} of adapter {name!r} is not a URI; use e.g. "
                 f"file:///path or s3://bucket/prefix (supported schemes: {supported})",
                 lora_name=name,
             )
         if scheme.lower() not in supported:
             raise InvalidRequestError(
-                f"source.uri {redact_uri(uri)!r} of adapter {name!r} has unsupported scheme "
+                f"source.uri {shown!r} of adapter {name!r} has unsupported scheme "
                 f"{scheme!r}; supported: {supported}",
                 lora_name=name,
             )
