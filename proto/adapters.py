@@ -20,6 +20,7 @@ __all__ = [
     "AdapterList",
     "AdapterSpec",
     "AdapterStatus",
+    "ListLorasRequest",
     "LoadLoraRequest",
     "LoraListResponse",
     "LoraResponse",
@@ -63,6 +64,10 @@ class UnloadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Body of ``POST /engine/update/unload_lora``."""
 
     lora_name: LoraName
+
+
+class ListLorasRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """Body of ``POST /engine/update/list_loras``: nothing is needed (any fields are ignored)."""
 
 
 class LoraResponse(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=False):

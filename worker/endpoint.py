@@ -30,7 +30,6 @@ from proto.errors import (
     LorafleetError,
     UnauthorizedError,
     UnavailableError,
-    http_status,
 )
 from proto.inference import (
     CancelRequest,
@@ -46,6 +45,7 @@ from proto.inference import (
 )
 from worker import metrics
 from worker.engine import LLMEngine
+from worker.engine_registry import error_reply
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
 
@@ -221,17 +221,11 @@ class Endpoint:
         authorization = (msg.headers or {}).get(AUTHORIZATION_HEADER)
         if not bearer_token_accepted(authorization, self._update_token):
             log.warning("update over NATS refused: missing or wrong token", update=request.name)
-            return _error_reply(UnauthorizedError(
+            return error_reply(UnauthorizedError(
                 f"{request.name} over NATS needs the header 'Authorization: Bearer <token>' "
                 "(the worker's DYN_SYSTEM_AUTH_TOKEN; a frontend sends its own "
                 "DYN_SYSTEM_AUTH_TOKEN)"
             ))  # fmt: skip
         if self.update_handler is None:
-            return _error_reply(UnavailableError("worker is starting"))
+            return error_reply(UnavailableError("worker is starting"))
         return await self.update_handler(request.name, request.body)
-
-
-def _error_reply(error: LorafleetError) -> UpdateReply:
-    """``error`` in the shape the status server's engine routes answer."""
-    body = {"status": "error", "code": error.code, "message": error.message}
-    return UpdateReply(status_code=http_status(error.code), body=body)

@@ -23,7 +23,13 @@ from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proto.auth import bearer_token_accepted
-from proto.errors import InvalidRequestError, UnauthorizedError, http_status
+from proto.errors import (
+    ErrorInfo,
+    InvalidRequestError,
+    UnauthorizedError,
+    error_body,
+    http_status,
+)
 from proto.inference import UpdateReply
 from proto.limits import check_json_depth, shorten
 from worker.engine_registry import EngineRegistry
@@ -75,7 +81,7 @@ def error_response(
     status_code: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> Response[Any]:
     """A JSON error body in the shape the engine routes use."""
-    body = {"status": "error", "code": code, "message": message}
+    body = error_body(ErrorInfo(code=code, message=message))
     return Response(body, status_code=status_code, media_type=MediaType.JSON, headers=headers)
 
 
