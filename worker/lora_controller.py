@@ -220,7 +220,10 @@ class LoraController:
 
     async def _take_slot(self, name: str) -> None:
         """Reserve a slot, unloading the least recently used idle adapter while all are taken."""
-        while len(self.loaded) + len(self._adding) >= self._max_loras:
+        while True:
+            self._check_id_collision(name)  # again after each await: others may have come
+            if len(self.loaded) + len(self._adding) < self._max_loras:
+                break
             victim = self._eviction_candidate()
             if victim is None:
                 raise CapacityError(
@@ -233,7 +236,6 @@ class LoraController:
             async with self._lock(victim):
                 if victim in self.loaded:
                     await self._unload_locked(victim, self.loaded[victim])
-        self._check_id_collision(name)
         self._adding.add(name)
 
     def _eviction_candidate(self) -> str | None:

@@ -181,12 +181,12 @@ async def test_a_failed_add_frees_its_slot_and_publishes_nothing(
     assert engine.adapters == {"pirate": lora_id("pirate")}
 
 
-async def test_a_name_whose_lora_id_is_taken_is_a_conflict(
+async def test_a_name_whose_lora_id_is_taken_is_a_conflict_that_evicts_nothing(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     first, second = COLLIDING
     assert lora_id(first) == lora_id(second)
-    engine = await start_engine()
+    engine = await start_engine(max_loras=1)  # the one slot is full: eviction would be possible
     controller = _controller(engine)
     await controller.load(_load(first, uris[first]))
     with pytest.raises(ConflictError, match=rf"lora_id {lora_id(first)}.*{first!r}"):
