@@ -3,8 +3,9 @@
 LoRA management exists only with both ``--enable-lora`` and
 ``DYN_LORA_ENABLED=true`` and an engine that serves adapters; otherwise every
 LoRA route says what is missing. The compatibility routes are mounted whenever
-``DYN_LORA_ENABLED`` is true and resolve to the same handlers as
-``/engine/update/*``; there an error body answers HTTP 500 unless it is the
+``DYN_LORA_ENABLED`` is true (with vLLM's ``/v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``, see ``worker.vllm_lora_routes``) and resolve to
+the same handlers as ``/engine/update/*``; there an error body answers HTTP 500 unless it is the
 caller's fault (4xx).
 """
 
@@ -22,6 +23,7 @@ from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
 from worker.engine import LLMEngine
 from worker.status_server import StatusState, admitted_body, reply_response
+from worker.vllm_lora_routes import load_lora_adapter, unload_lora_adapter
 
 __all__ = ["LORA_PATHS", "LoraSupport", "build_lora_support"]
 
@@ -53,7 +55,8 @@ def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusSt
 
         assert isinstance(engine, AdapterEngine)
         engine.enable_adapters(LoRAManager.from_env())
-    routes = [list_loras, load_lora, unload_lora] if config.lora_enabled else []
+    routes = [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
+    routes = routes if config.lora_enabled else []
     return LoraSupport(missing=missing, routes=routes)
 
 
