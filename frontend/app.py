@@ -28,6 +28,7 @@ from frontend.controllers import (
     CompletionsController,
     ModelsController,
     SystemController,
+    VllmLoraController,
 )
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
@@ -201,6 +202,7 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
             CompletionsController,
             ModelsController,
             SystemController,
+            VllmLoraController,
         ],
         lifespan=[_lifespan],
         request_class=BoundedJsonRequest,
