@@ -124,3 +124,14 @@ async def test_vllm_routes_need_the_system_token(vllm_worker, adapter_dirs) -> N
             "/v1/load_lora_adapter", json=body, headers={"Authorization": "Bearer nope"}
         )
         assert wrong.status_code == 401
+
+
+async def test_vllm_routes_say_what_is_missing_when_lora_is_off(worker_factory, tmp_path) -> None:
+    worker = worker_factory(env={"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path)})
+    body = {"lora_name": "sql-lora", "lora_path": str(tmp_path)}
+    async with httpx.AsyncClient(base_url=worker.url) as client:
+        response = await client.post("/v1/load_lora_adapter", json=body)
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["type"] == "NotFoundError"
+    assert "without --enable-lora" in error["message"]
