@@ -61,8 +61,12 @@ async def _admitted(
 
 
 async def _is_loaded(status: StatusState, name: str) -> bool | Response[Any]:
+    """Whether ``name`` is loaded here, or the error answer when listing fails."""
     reply = await status.registry.call("update/list_loras", {})
-    return _reply_error(reply) or name in (reply.body or {}).get("loras", {})
+    failed = _reply_error(reply)
+    if failed is not None:
+        return failed
+    return name in reply.body.get("loras", {})
 
 
 @post("/v1/load_lora_adapter", status_code=200)
