@@ -9,11 +9,12 @@ workers unload their copies once idle. Bodies and answers are vLLM's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from litestar import Controller, Response, post
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
 from frontend.admin_auth import require_admin_token
@@ -36,6 +37,23 @@ from proto.vllm_lora import (
 )
 
 __all__ = ["VllmLoraController"]
+
+
+def _vllm(description: str) -> ResponseSpec:
+    return ResponseSpec(data_container=VllmErrorResponse, description=description)
+
+
+LOAD_ERRORS: Final = {
+    400: _vllm("Fields missing, already loaded (without load_inplace), or a bad name or path"),
+    401: WRITE_ERRORS[401],
+    503: _vllm("etcd is unavailable"),
+}
+UNLOAD_ERRORS: Final = {
+    400: _vllm("lora_name missing"),
+    401: WRITE_ERRORS[401],
+    404: _vllm("The adapter is not in the desired state"),
+    503: _vllm("etcd is unavailable"),
+}
 
 
 def _error(body: VllmErrorResponse) -> Response[Any]:
@@ -72,7 +90,7 @@ class VllmLoraController(Controller):
         summary="vLLM's load: declare the adapter for every instance of its base model",
         status_code=200,
         guards=[require_admin_token],
-        responses=WRITE_ERRORS,
+        responses=LOAD_ERRORS,
     )
     async def load(
         self,
@@ -100,7 +118,7 @@ class VllmLoraController(Controller):
         summary="vLLM's unload: remove the adapter from the desired state",
         status_code=200,
         guards=[require_admin_token],
-        responses={401: WRITE_ERRORS[401], 503: WRITE_ERRORS[503]},
+        responses=UNLOAD_ERRORS,
     )
     async def unload(
         self, data: JSONBody[UnloadLoraAdapterRequest], desired: NamedDependency[DesiredState]
