@@ -16,7 +16,7 @@ from proto.errors import LorafleetError, http_status
 from proto.inference import UpdateReply
 from worker.engine import EngineHandler, LLMEngine
 
-__all__ = ["EngineRegistry"]
+__all__ = ["EngineRegistry", "error_reply"]
 
 log = structlog.get_logger(__name__)
 
@@ -51,26 +51,27 @@ class EngineRegistry:
     async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
         """Run the handler at ``path``; every outcome is an ``UpdateReply``, never an exception."""
         if self._handlers is None:
-            return _error_reply(
+            return error_reply(
                 503, "unavailable", "worker is starting; engine routes are not ready"
             )
         handler = self._handlers.get(path)
         if handler is None and path in self._explanations:
-            return _error_reply(404, "not_found", self._explanations[path])
+            return error_reply(404, "not_found", self._explanations[path])
         if handler is None:
-            return _error_reply(
+            return error_reply(
                 404, "not_found", f"no engine route {path!r}; available: {self.paths}"
             )
         try:
             result = await handler(body)
         except LorafleetError as exc:
-            return _error_reply(http_status(exc.code), exc.code, exc.message, **exc.fields)
+            return error_reply(http_status(exc.code), exc.code, exc.message, **exc.fields)
         except Exception as exc:
             log.exception("engine handler failed", path=path)
-            return _error_reply(500, "internal_error", f"{path} failed: {exc}")
+            return error_reply(500, "internal_error", f"{path} failed: {exc}")
         return UpdateReply(status_code=200, body=msgspec.to_builtins(result))
 
 
-def _error_reply(status_code: int, code: str, message: str, **fields: Any) -> UpdateReply:
+def error_reply(status_code: int, code: str, message: str, **fields: Any) -> UpdateReply:
+    """An error as an engine reply, in the body shape every engine route answers."""
     body = {"status": "error", "code": code, "message": message, **fields}
     return UpdateReply(status_code=status_code, body=body)

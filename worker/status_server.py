@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,24 +21,37 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from proto.auth import bearer_token_accepted
-from proto.errors import InvalidRequestError, UnauthorizedError, http_status
+from proto.errors import InvalidRequestError, ShuttingDownError, UnauthorizedError, http_status
 from proto.inference import UpdateReply
-from worker.engine_registry import EngineRegistry
+from worker.engine_registry import EngineRegistry, error_reply
 
 __all__ = [
     "MAX_BODY_BYTES",
     "StatusServer",
     "StatusState",
+    "WorkerPhase",
     "admitted_body",
     "build_status_app",
     "error_response",
+    "is_mutating",
     "read_json_object",
     "reply_response",
 ]
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
+CLOSE_TIMEOUT_S: Final = 1.0
+"""At shutdown, requests still running on the status server after this are cancelled."""
+
+
+class WorkerPhase(enum.Enum):
+    """Where the worker stands, as ``/health`` reports it; set only by the runtime."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
 
 
 @dataclass
@@ -45,8 +60,18 @@ class StatusState:
 
     registry: EngineRegistry
     instance_id: int = 0
-    ready: bool = False
+    phase: WorkerPhase = WorkerPhase.STARTING
     auth_token: str | None = None
+
+    async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
+        """Call an engine route; while stopping, routes that change adapters answer 503."""
+        if self.phase is WorkerPhase.STOPPING and is_mutating(path):
+            exc = ShuttingDownError(
+                f"worker {self.instance_id:x} is shutting down and takes no {path!r}; "
+                "send it to another worker"
+            )
+            return error_reply(http_status(exc.code), exc.code, exc.message)
+        return await self.registry.call(path, body)
 
     def check_auth(self, request: Request[Any, Any, Any]) -> None:
         """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
@@ -85,16 +110,16 @@ async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return body
 
 
-def _is_mutating(path: str) -> bool:
+def is_mutating(path: str) -> bool:
+    """Whether an engine route path changes state (``update/*`` except the ``list*`` ones)."""
     return path.startswith("update/") and not path.removeprefix("update/").startswith("list")
 
 
 @get("/health", sync_to_thread=False)
 def health(status: StatusState) -> Response[Any]:
-    """200 once start-up finished, 503 before."""
-    body = {"status": "ready" if status.ready else "starting"}
-    body["instance_id"] = f"{status.instance_id:x}"
-    return Response(body, status_code=200 if status.ready else 503)
+    """200 while ready; 503 while starting or stopping."""
+    body = {"status": status.phase.value, "instance_id": f"{status.instance_id:x}"}
+    return Response(body, status_code=200 if status.phase is WorkerPhase.READY else 503)
 
 
 @get("/metrics", sync_to_thread=False)
@@ -119,10 +144,10 @@ async def admitted_body(
 async def engine_route(request: Request[Any, Any, Any], path: str, status: StatusState) -> Any:
     """Call ``control/<name>`` or ``update/<name>`` on the engine."""
     path = path.strip("/")
-    body = await admitted_body(request, status, mutating=_is_mutating(path))
+    body = await admitted_body(request, status, mutating=is_mutating(path))
     if isinstance(body, Response):
         return body
-    return reply_response(await status.registry.call(path, body))
+    return reply_response(await status.call(path, body))
 
 
 def build_status_app(
@@ -137,12 +162,31 @@ def build_status_app(
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn that leaves SIGTERM and SIGINT to the worker runtime.
+
+    uvicorn's own handlers replaced the runtime's: SIGTERM stopped only this server, which
+    re-raised the signal once its requests were done, so one slow client kept the worker up.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class StatusServer:
     """Runs the status app with uvicorn inside the worker's event loop."""
 
-    def __init__(self, app: Litestar, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
+    def __init__(
+        self, app: Litestar, host: str, port: int,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    ) -> None:  # fmt: skip
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", log_config=None,
+            access_log=False,
+            http=with_header_timeout(header_timeout_s), timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
+        )  # fmt: skip
+        self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -155,7 +199,7 @@ class StatusServer:
             await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
-        """Stop serving."""
+        """Stop serving: idle connections close now, running requests get ``CLOSE_TIMEOUT_S``."""
         self._server.should_exit = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
