@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -10,6 +12,7 @@ import urllib.request
 import pytest
 
 from discovery.keys import base_card_key, instance_key
+from launch.local_servers import free_port
 from proto.discovery import decode_card, decode_instance
 from proto.inference import (
     CancelRequest,
@@ -21,6 +24,7 @@ from proto.inference import (
     encode_msg,
 )
 from tests.processes import ServiceProcess
+from tests.stuck_clients import EXIT_MARGIN_S, served_after, sigterm_exit, stuck_clients
 from tests.worker.streaming import stream
 
 
@@ -185,3 +189,83 @@ async def test_status_server_answers_bad_bodies_with_4xx(worker_factory, body, s
         await asyncio.to_thread(urllib.request.urlopen, request)
     assert caught.value.code == status
     assert says in caught.value.read().decode()
+
+
+def _json_lines(worker: ServiceProcess) -> list[dict]:
+    """Every line of the worker's log as a JSON object (fails on any line that is not)."""
+    return [json.loads(line) for line in worker.log_path.read_text().splitlines()]
+
+
+def _wait_for_log(worker: ServiceProcess, text: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in worker.log_path.read_text():
+        assert worker.process.poll() is None, worker.log_tail()
+        assert time.monotonic() < deadline, f"no {text!r} in:\n{worker.log_tail()}"
+        time.sleep(0.05)
+
+
+def test_worker_waiting_for_nats_logs_json_once_and_stops_at_sigterm(worker_factory):
+    down = f"nats://127.0.0.1:{free_port()}"
+    worker = worker_factory(env={"NATS_SERVER": down, "LOG_FORMAT": "json"}, wait=False)
+    _wait_for_log(worker, "waiting for NATS")
+    code, took_s = sigterm_exit(worker, grace_s=0)
+    assert code == 0 and took_s < EXIT_MARGIN_S
+    events = [line["event"] for line in _json_lines(worker)]
+    assert events == ["waiting for NATS", "stopped during start-up"]
+
+
+def test_worker_gives_up_on_nats_after_the_connect_timeout(worker_factory):
+    down = f"nats://127.0.0.1:{free_port()}"
+    env = {"NATS_SERVER": down, "LOG_FORMAT": "json", "DYN_CONNECT_TIMEOUT_S": "3"}
+    worker = worker_factory(env=env, wait=False)
+    assert worker.process.wait(30) == 1
+    lines = _json_lines(worker)  # about ten attempts, two lines, all JSON, no traceback
+    assert [line["event"] for line in lines] == ["waiting for NATS", "worker failed"]
+    assert lines[0]["url"] == down and "Connection refused" in lines[0]["reason"]
+    assert "gave up on NATS" in lines[1]["error"] and "NATS_SERVER" in lines[1]["error"]
+
+
+def test_sigterm_with_stuck_clients_exits_within_grace(worker_factory):
+    worker = worker_factory("--shutdown-grace", "2")
+    with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
+        served_after(worker)
+        code, took_s = sigterm_exit(worker, grace_s=2)
+    assert code == 0
+    assert took_s < 2 + EXIT_MARGIN_S
+
+
+async def test_load_lora_while_stopping_answers_503_shutting_down(
+    worker_factory, etcd, nc, namespace
+):
+    worker = worker_factory("--mocker-time-per-token-s", "0.05")
+    instance = await _instance(etcd, namespace)
+    request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=60))
+    first_token = asyncio.Event()
+    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
+    await first_token.wait()
+    worker.process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(10):
+        while await asyncio.to_thread(_get_status, worker, "/health") != 503:
+            await asyncio.sleep(0.05)
+    request_body = b'{"lora_name": "pirate", "lora_path": "file:///nowhere"}'
+    status, body = await asyncio.to_thread(_post, worker, "/engine/update/load_lora", request_body)
+    assert status == 503 and body["code"] == "shutting_down"
+    assert "shutting down" in body["message"]
+    assert isinstance((await pending)[-1], FinalChunk)  # the drain still finished it
+
+
+def _get_status(worker: ServiceProcess, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{worker.url}{path}") as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _post(worker: ServiceProcess, path: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{worker.url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
