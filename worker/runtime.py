@@ -46,6 +46,7 @@ CLEANUP_BUDGET_S: Final = 2.0
 """After the grace period, clean-up (lease, connections) is cut off after this long;
 what it left undone (records in a hung etcd) expires with the lease TTL."""
 NATS_CONNECT_TIMEOUT_S: Final = 3.0
+NATS_RECONNECT_WAIT_S: Final = 0.5
 
 
 async def connect_worker_nats(servers: str, *, name: str) -> NatsClient:
@@ -54,15 +55,17 @@ async def connect_worker_nats(servers: str, *, name: str) -> NatsClient:
     try:
         nc = await nats.connect(
             servers.split(","), name=name, connect_timeout=NATS_CONNECT_TIMEOUT_S,
-            allow_reconnect=False, max_reconnect_attempts=1, error_cb=errors.on_error,
+            allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0,
+            error_cb=errors.on_error,
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         raise UnavailableError(
             f"NATS at {servers} is unavailable ({errors.last or exc or type(exc).__name__}); "
             "check that nats-server is running and NATS_SERVER points at it"
         ) from exc
-    nc.options["allow_reconnect"] = True  # read on every disconnect
+    nc.options["allow_reconnect"] = True  # these three are read on every disconnect
     nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = NATS_RECONNECT_WAIT_S
     errors.connected = True
     return nc
 

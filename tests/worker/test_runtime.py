@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +25,13 @@ from proto.inference import (
     encode_msg,
 )
 from tests.processes import ServiceProcess
-from tests.stuck_clients import EXIT_MARGIN_S, served_after, sigterm_exit, stuck_clients
+from tests.stuck_clients import (
+    EXIT_MARGIN_S,
+    closed_by_server,
+    served_after,
+    sigterm_exit,
+    stuck_clients,
+)
 from tests.worker.streaming import stream
 
 
@@ -196,18 +203,10 @@ def _json_lines(worker: ServiceProcess) -> list[dict]:
     return [json.loads(line) for line in worker.log_path.read_text().splitlines()]
 
 
-def _wait_for_log(worker: ServiceProcess, text: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in worker.log_path.read_text():
-        assert worker.process.poll() is None, worker.log_tail()
-        assert time.monotonic() < deadline, f"no {text!r} in:\n{worker.log_tail()}"
-        time.sleep(0.05)
-
-
 def test_worker_waiting_for_nats_logs_json_once_and_stops_at_sigterm(worker_factory):
     down = f"nats://127.0.0.1:{free_port()}"
     worker = worker_factory(env={"NATS_SERVER": down, "LOG_FORMAT": "json"}, wait=False)
-    _wait_for_log(worker, "waiting for NATS")
+    worker.wait_for_log("waiting for NATS")
     code, took_s = sigterm_exit(worker, grace_s=0)
     assert code == 0 and took_s < EXIT_MARGIN_S
     events = [line["event"] for line in _json_lines(worker)]
@@ -269,3 +268,12 @@ def _post(worker: ServiceProcess, path: str, body: bytes) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def test_status_connections_without_a_request_head_are_closed(worker_factory):
+    worker = worker_factory("--header-timeout-s", "1")
+    silent = socket.create_connection(("127.0.0.1", worker.port), timeout=20)
+    half = socket.create_connection(("127.0.0.1", worker.port), timeout=20)
+    half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: never complete
+    assert closed_by_server(silent) and closed_by_server(half)
+    served_after(worker)  # complete requests are still answered
