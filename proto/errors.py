@@ -123,8 +123,8 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         ConflictError,
         CapacityError,
         UnavailableError,
-        ShuttingDownError,
         UpstreamError,
+        ShuttingDownError,
     )
 }
 
