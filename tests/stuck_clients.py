@@ -1,8 +1,10 @@
-"""Clients that hold a server's connections without finishing a request, for shutdown tests."""
+"""What a shutdown must not wait for: clients that never finish a request, a hung etcd."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import time
 import urllib.error
@@ -10,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Final
 
+from launch.local_servers import LocalServer
 from tests.processes import ServiceProcess
 
 EXIT_MARGIN_S: Final = 5.0
@@ -32,6 +35,16 @@ def stuck_clients(port: int, *, idle: int, slow_path: str) -> Iterator[list[sock
     finally:
         for sock in sockets:
             sock.close()
+
+
+@contextlib.contextmanager
+def hung(server: LocalServer) -> Iterator[None]:
+    """The server process stopped (SIGSTOP): connections stay open, nothing answers."""
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
 
 
 def served_after(service: ServiceProcess, path: str = "/health") -> None:

@@ -103,14 +103,15 @@ class WorkerRuntime:
 
     async def run(self) -> None:
         """Start, serve until stopped, shut down; raises if a start-up step fails."""
-        async with asyncio.timeout(None) as deadline:
-            try:
+        deadline = asyncio.timeout(None)
+        try:
+            async with deadline:
                 await self._run(deadline)
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                log.warning("clean-up cut short; records left expire with the lease",
-                            budget_s=CLEANUP_BUDGET_S)  # fmt: skip
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning("clean-up cut short; records left expire with the lease",
+                        budget_s=CLEANUP_BUDGET_S)  # fmt: skip
 
     async def _run(self, deadline: asyncio.Timeout) -> None:
         """Start unless stopped first, serve, shut down; ``deadline`` bounds the shutdown."""

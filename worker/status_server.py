@@ -159,6 +159,7 @@ def build_status_app(
         dependencies={"status": Provide(lambda: status, sync_to_thread=False)},
         request_max_body_size=MAX_BODY_BYTES,
         openapi_config=None,
+        logging_config=None,  # Litestar's default replaces the root handler: lines not JSON
     )
 
 

@@ -10,6 +10,7 @@ from tests.processes import ServiceProcess, start_frontend
 from tests.stuck_clients import (
     EXIT_MARGIN_S,
     closed_by_server,
+    hung,
     served_after,
     sigterm_exit,
     stuck_clients,
@@ -24,11 +25,14 @@ def _frontend(
     )
 
 
-def test_sigterm_with_stuck_clients_exits_within_grace(tmp_path, etcd_url, nats_url, namespace):
-    frontend = _frontend(tmp_path, etcd_url, nats_url, namespace, "--shutdown-grace", "2")
+def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(
+    tmp_path, own_etcd, nats_url, namespace
+):
+    frontend = _frontend(tmp_path, own_etcd.url, nats_url, namespace, "--shutdown-grace", "2")
     with stuck_clients(frontend.port, idle=500, slow_path="/v1/chat/completions"):
         served_after(frontend)
-        code, took_s = sigterm_exit(frontend, grace_s=2)
+        with hung(own_etcd):
+            code, took_s = sigterm_exit(frontend, grace_s=2)
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
 

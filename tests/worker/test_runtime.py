@@ -24,10 +24,11 @@ from proto.inference import (
     TokenChunk,
     encode_msg,
 )
-from tests.processes import ServiceProcess
+from tests.processes import ServiceProcess, start_worker
 from tests.stuck_clients import (
     EXIT_MARGIN_S,
     closed_by_server,
+    hung,
     served_after,
     sigterm_exit,
     stuck_clients,
@@ -224,11 +225,15 @@ def test_worker_gives_up_on_nats_after_the_connect_timeout(worker_factory):
     assert "gave up on NATS" in lines[1]["error"] and "NATS_SERVER" in lines[1]["error"]
 
 
-def test_sigterm_with_stuck_clients_exits_within_grace(worker_factory):
-    worker = worker_factory("--shutdown-grace", "2")
+def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, nats_url, own_etcd):
+    worker = start_worker(
+        tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace="stuck",
+        args=("--shutdown-grace", "2"),
+    )  # fmt: skip
     with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
         served_after(worker)
-        code, took_s = sigterm_exit(worker, grace_s=2)
+        with hung(own_etcd):
+            code, took_s = sigterm_exit(worker, grace_s=2)
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
 
