@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -28,13 +29,18 @@ def _frontend(
 def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(
     tmp_path, own_etcd, nats_url, namespace
 ):
-    frontend = _frontend(tmp_path, own_etcd.url, nats_url, namespace, "--shutdown-grace", "2")
+    frontend = start_frontend(
+        tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace=namespace,
+        args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
+    )  # fmt: skip
     with stuck_clients(frontend.port, idle=500, slow_path="/v1/chat/completions"):
         served_after(frontend)
         with hung(own_etcd):
             code, took_s = sigterm_exit(frontend, grace_s=2)
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
+    lines = [json.loads(line) for line in frontend.log_path.read_text().splitlines()]
+    assert "frontend stopping" in [line["event"] for line in lines]
 
 
 def test_connections_without_a_request_head_are_closed(tmp_path, etcd_url, nats_url, namespace):

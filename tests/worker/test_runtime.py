@@ -228,7 +228,7 @@ def test_worker_gives_up_on_nats_after_the_connect_timeout(worker_factory):
 def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, nats_url, own_etcd):
     worker = start_worker(
         tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace="stuck",
-        args=("--shutdown-grace", "2"),
+        args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
     )  # fmt: skip
     with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
         served_after(worker)
@@ -236,6 +236,7 @@ def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, n
             code, took_s = sigterm_exit(worker, grace_s=2)
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
+    assert "shutting down" in [line["event"] for line in _json_lines(worker)]
 
 
 async def test_load_lora_while_stopping_answers_503_shutting_down(
