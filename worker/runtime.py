@@ -118,13 +118,12 @@ class WorkerRuntime:
         loop = asyncio.get_running_loop()
         async with contextlib.AsyncExitStack() as stack:
             started = await unless_stopped(self._start(stack), self._stop)
-            grace_s = 0.0 if started is None else self.config.shutdown_grace_s
-            if started is not None:
-                await self._stop.wait()
-            deadline.reschedule(loop.time() + grace_s + CLEANUP_BUDGET_S)
             if started is None:
                 log.info("stopped during start-up")
+                deadline.reschedule(loop.time() + CLEANUP_BUDGET_S)
                 return
+            await self._stop.wait()
+            deadline.reschedule(loop.time() + self.config.shutdown_grace_s + CLEANUP_BUDGET_S)
             await self._shutdown(*started)
 
     async def _start(
@@ -132,18 +131,7 @@ class WorkerRuntime:
     ) -> tuple[StatusState, Endpoint, LeaseKeeper, Placement | None]:
         """Steps 1-5 of start-up; everything opened is undone through ``stack``."""
         cfg = self.config
-        nc = await connect_with_retry(
-            lambda: connect_worker_nats(cfg.nats_server, name=f"worker-{os.getpid()}"),
-            service="NATS", url=cfg.nats_server, timeout_s=cfg.connect_timeout_s,
-            check="NATS_SERVER (--nats-server)",
-        )  # fmt: skip
-        stack.push_async_callback(nc.close)
-        etcd = await connect_with_retry(
-            lambda: connect_etcd(cfg.etcd_endpoints),
-            service="etcd", url=cfg.etcd_endpoints, timeout_s=cfg.connect_timeout_s,
-            check="ETCD_ENDPOINTS (--etcd-endpoints)",
-        )  # fmt: skip
-        stack.push_async_callback(etcd.close)
+        nc, etcd = await self._connect(stack)
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
         stack.push_async_callback(lease.aclose, revoke=True)
         endpoint = Endpoint(nc, lease, self._address(lease.lease_id))
@@ -160,6 +148,23 @@ class WorkerRuntime:
         status.phase = WorkerPhase.READY
         log.info("worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject)
         return status, endpoint, lease, placement
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> tuple[NatsClient, EtcdClient]:
+        """NATS, then etcd, each waited for up to the connect timeout."""
+        cfg = self.config
+        nc = await connect_with_retry(
+            lambda: connect_worker_nats(cfg.nats_server, name=f"worker-{os.getpid()}"),
+            service="NATS", url=cfg.nats_server, timeout_s=cfg.connect_timeout_s,
+            check="NATS_SERVER (--nats-server)",
+        )  # fmt: skip
+        stack.push_async_callback(nc.close)
+        etcd = await connect_with_retry(
+            lambda: connect_etcd(cfg.etcd_endpoints),
+            service="etcd", url=cfg.etcd_endpoints, timeout_s=cfg.connect_timeout_s,
+            check="ETCD_ENDPOINTS (--etcd-endpoints)",
+        )  # fmt: skip
+        stack.push_async_callback(etcd.close)
+        return nc, etcd
 
     def _address(self, instance_id: int) -> EndpointAddress:
         cfg = self.config
