@@ -36,7 +36,9 @@ MAX_RETRY_DELAY_S: Final = 2.0
 class ConnectTimeoutError(UnavailableError):
     """A dependency stayed unreachable for the whole connect timeout at start-up."""
 
-    def __init__(self, *, service: str, url: str, timeout_s: float, reason: str, check: str):
+    def __init__(
+        self, *, service: str, url: str, timeout_s: float, reason: str, check: str
+    ) -> None:
         self.service = service
         self.url = url
         super().__init__(

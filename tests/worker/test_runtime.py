@@ -33,6 +33,7 @@ from tests.stuck_clients import (
     sigterm_exit,
     stuck_clients,
 )
+from tests.worker.nats_late import worker_waits_for_late_nats
 from tests.worker.streaming import stream
 
 
@@ -283,3 +284,7 @@ def test_status_connections_without_a_request_head_are_closed(worker_factory):
     half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: never complete
     assert closed_by_server(silent) and closed_by_server(half)
     served_after(worker)  # complete requests are still answered
+
+
+def test_worker_waits_for_nats_that_comes_up_late(tmp_path, etcd_url):
+    worker_waits_for_late_nats(tmp_path, etcd_url, down_s=3)
