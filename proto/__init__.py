@@ -4,6 +4,7 @@ from proto.adapters import (
     AdapterList,
     AdapterSpec,
     AdapterStatus,
+    ListLorasRequest,
     LoadLoraRequest,
     LoraListResponse,
     LoraResponse,
@@ -15,6 +16,8 @@ from proto.adapters import (
     validate_lora_name,
 )
 from proto.auth import (
+    AUTHORIZATION_HEADER,
+    bearer_header,
     bearer_token_accepted,
 )
 from proto.backoff import (
@@ -42,6 +45,7 @@ from proto.errors import (
     UnauthorizedError,
     UnavailableError,
     UpstreamError,
+    error_body,
     error_from_info,
     http_status,
 )
@@ -63,6 +67,19 @@ from proto.inference import (
     decode_chunk,
     decode_instance_message,
     encode_msg,
+)
+from proto.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_JSON_DEPTH,
+    MAX_LIST_ITEMS,
+    MAX_MODEL_NAME_CHARS,
+    MAX_SHORT_TEXT_CHARS,
+    MAX_SHOWN_CHARS,
+    MAX_TOKENS_LIMIT,
+    MAX_URI_CHARS,
+    check_json_depth,
+    shorten,
 )
 from proto.naming import (
     LORA_ID_MASK,
@@ -95,10 +112,12 @@ from proto.placement import (
     rendezvous_order,
 )
 from proto.uris import (
+    public_uri,
     redact_uri,
 )
 
 __all__ = [
+    "AUTHORIZATION_HEADER",
     "AdapterList",
     "AdapterSpec",
     "AdapterStatus",
@@ -125,16 +144,26 @@ __all__ = [
     "FrontendHealth",
     "GenerateRequest",
     "HTTP_STATUS_BY_CODE",
+    "INT64_MAX",
+    "INT64_MIN",
     "Instance",
     "InstanceMessage",
     "InvalidRequestError",
     "LORA_ID_MASK",
+    "ListLorasRequest",
     "LoadLoraRequest",
     "LoraInfo",
     "LoraListResponse",
     "LoraResponse",
     "LoraSource",
     "LorafleetError",
+    "MAX_JSON_DEPTH",
+    "MAX_LIST_ITEMS",
+    "MAX_MODEL_NAME_CHARS",
+    "MAX_SHORT_TEXT_CHARS",
+    "MAX_SHOWN_CHARS",
+    "MAX_TOKENS_LIMIT",
+    "MAX_URI_CHARS",
     "ModelDeploymentCard",
     "ModelList",
     "ModelObject",
@@ -158,7 +187,9 @@ __all__ = [
     "Usage",
     "UsageInfo",
     "backoff_s",
+    "bearer_header",
     "bearer_token_accepted",
+    "check_json_depth",
     "chosen_instances",
     "decode_adapter_spec",
     "decode_card",
@@ -168,12 +199,15 @@ __all__ = [
     "encode_adapter_spec",
     "encode_msg",
     "encode_record",
+    "error_body",
     "error_from_info",
     "http_status",
     "lora_id",
     "lora_slug",
+    "public_uri",
     "redact_uri",
     "rendezvous_order",
+    "shorten",
     "validate_adapter_spec",
     "validate_lora_name",
 ]

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
@@ -54,7 +54,8 @@ class WorkerConfig:
     """``DYN_HEADER_TIMEOUT_S``: status connections without a request head by then close."""
     lora_enabled: bool = False
     """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    """``DYN_SYSTEM_AUTH_TOKEN``: guards LoRA writes over HTTP and every update over NATS."""
     lora_idle_unload_s: float = 300.0
     """An adapter loaded on demand and not placed here is unloaded after this long idle."""
 

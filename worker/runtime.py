@@ -134,7 +134,7 @@ class WorkerRuntime:
         nc, etcd = await self._connect(stack)
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
         stack.push_async_callback(lease.aclose, revoke=True)
-        endpoint = Endpoint(nc, lease, self._address(lease.lease_id))
+        endpoint = Endpoint(nc, lease, self._address(lease.lease_id), update_token=cfg.auth_token)
         await endpoint.serve()
         status = StatusState(self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token)
         status_server = self._status_server(status)
