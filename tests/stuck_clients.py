@@ -53,10 +53,13 @@ def served_after(service: ServiceProcess, path: str = "/health") -> None:
         urllib.request.urlopen(f"{service.url}{path}", timeout=30).close()
 
 
-def sigterm_exit(service: ServiceProcess, grace_s: float) -> tuple[int, float]:
-    """Send SIGTERM; return the exit code and the seconds until the process was gone."""
+def stop_by_signal(
+    service: ServiceProcess, grace_s: float, signum: int = signal.SIGTERM
+) -> tuple[int, float]:
+    """Send ``signum``; return the exit code and the seconds until the process was gone."""
     started = time.monotonic()
-    code = service.terminate(timeout_s=grace_s + EXIT_MARGIN_S + 30)
+    service.process.send_signal(signum)
+    code = service.process.wait(grace_s + EXIT_MARGIN_S + 30)
     return code, time.monotonic() - started
 
 

@@ -13,7 +13,7 @@ from tests.stuck_clients import (
     closed_by_server,
     hung,
     served_after,
-    sigterm_exit,
+    stop_by_signal,
     stuck_clients,
 )
 
@@ -33,10 +33,13 @@ def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(
         tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace=namespace,
         args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
     )  # fmt: skip
-    with stuck_clients(frontend.port, idle=500, slow_path="/v1/chat/completions"):
-        served_after(frontend)
-        with hung(own_etcd):
-            code, took_s = sigterm_exit(frontend, grace_s=2)
+    try:
+        with stuck_clients(frontend.port, idle=500, slow_path="/v1/chat/completions"):
+            served_after(frontend)
+            with hung(own_etcd):
+                code, took_s = stop_by_signal(frontend, grace_s=2)
+    finally:
+        frontend.kill()
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
     lines = [json.loads(line) for line in frontend.log_path.read_text().splitlines()]
@@ -58,7 +61,10 @@ def test_connections_without_a_request_head_are_closed(tmp_path, etcd_url, nats_
 def test_sigterm_while_waiting_for_nats_exits_at_once(tmp_path, etcd_url, namespace):
     down = f"nats://127.0.0.1:{free_port()}"
     frontend = _frontend(tmp_path, etcd_url, down, namespace, wait=False)
-    frontend.wait_for_log("waiting for NATS")
-    code, took_s = sigterm_exit(frontend, grace_s=0)
+    try:
+        frontend.wait_for_log("waiting for NATS")
+        code, took_s = stop_by_signal(frontend, grace_s=0)
+    finally:
+        frontend.kill()
     assert code == 0 and took_s < EXIT_MARGIN_S
     assert "frontend stopped during start-up" in frontend.log_path.read_text()

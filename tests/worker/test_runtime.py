@@ -32,7 +32,7 @@ from tests.stuck_clients import (
     closed_by_server,
     hung,
     served_after,
-    sigterm_exit,
+    stop_by_signal,
     stuck_clients,
 )
 from tests.worker.nats_late import worker_waits_for_late_nats
@@ -223,11 +223,12 @@ def _json_lines(worker: ServiceProcess) -> list[dict]:
     return [json.loads(line) for line in worker.log_path.read_text().splitlines()]
 
 
-def test_worker_waiting_for_nats_logs_json_once_and_stops_at_sigterm(worker_factory):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_worker_waiting_for_nats_logs_json_once_and_stops_at_a_signal(worker_factory, signum):
     down = f"nats://127.0.0.1:{free_port()}"
     worker = worker_factory(env={"NATS_SERVER": down, "LOG_FORMAT": "json"}, wait=False)
     worker.wait_for_log("waiting for NATS")
-    code, took_s = sigterm_exit(worker, grace_s=0)
+    code, took_s = stop_by_signal(worker, grace_s=0, signum=signum)
     assert code == 0 and took_s < EXIT_MARGIN_S
     events = [line["event"] for line in _json_lines(worker)]
     assert events == ["waiting for NATS", "stopped during start-up"]
@@ -249,10 +250,13 @@ def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, n
         tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace="stuck",
         args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
     )  # fmt: skip
-    with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
-        served_after(worker)
-        with hung(own_etcd):
-            code, took_s = sigterm_exit(worker, grace_s=2)
+    try:
+        with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
+            served_after(worker)
+            with hung(own_etcd):
+                code, took_s = stop_by_signal(worker, grace_s=2)
+    finally:
+        worker.kill()
     assert code == 0
     assert took_s < 2 + EXIT_MARGIN_S
     assert "shutting down" in [line["event"] for line in _json_lines(worker)]
@@ -271,7 +275,7 @@ async def test_load_lora_while_stopping_answers_503_shutting_down(
     async with asyncio.timeout(10):
         while await asyncio.to_thread(_get_status, worker, "/health") != 503:
             await asyncio.sleep(0.05)
-    request_body = b'{"lora_name": "pirate", "lora_path": "file:///nowhere"}'
+    request_body = b'{"lora_name": "pirate", "source": {"uri": "file:///nowhere"}}'
     status, body = await asyncio.to_thread(_post, worker, "/engine/update/load_lora", request_body)
     assert status == 503 and body["code"] == "shutting_down"
     assert "shutting down" in body["message"]
