@@ -9,6 +9,11 @@ from discovery.client import (
 from discovery.errors import (
     EtcdUnavailableError,
 )
+from discovery.header_timeout import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    HeaderTimeoutProtocol,
+    with_header_timeout,
+)
 from discovery.keys import (
     ADAPTERS_ROOT,
     INSTANCES_ROOT,
@@ -30,6 +35,12 @@ from discovery.lease import (
 from discovery.logs import (
     configure_logging,
 )
+from discovery.startup import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    ConnectTimeoutError,
+    connect_with_retry,
+    unless_stopped,
+)
 from discovery.watch_cache import (
     WatchCache,
     WatchListener,
@@ -37,9 +48,13 @@ from discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "ConnectTimeoutError",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_HEADER_TIMEOUT_S",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
     "EtcdUnavailableError",
+    "HeaderTimeoutProtocol",
     "INSTANCES_ROOT",
     "LeaseKeeper",
     "LeaseState",
@@ -52,10 +67,13 @@ __all__ = [
     "card_prefix",
     "configure_logging",
     "connect_etcd",
+    "connect_with_retry",
     "instance_key",
     "instance_prefix",
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
     "parse_endpoint",
+    "unless_stopped",
+    "with_header_timeout",
 ]

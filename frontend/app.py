@@ -8,6 +8,7 @@ error leaves in OpenAI's shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi import OpenAPIConfig
 
 from discovery.client import connect_etcd
+from discovery.startup import connect_with_retry, unless_stopped
 from frontend.config import FrontendConfig
 from frontend.controllers import (
     AdaptersController,
@@ -66,26 +68,38 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
     config: FrontendConfig = app.state.config
     async with contextlib.AsyncExitStack() as stack:
         try:
-            await _start_services(app, config, stack)
+            started = await unless_stopped(_start_services(app, config, stack), app.state.stopping)
         except LorafleetError as exc:
             log.error("frontend cannot start", error=exc.message)
             app.state.startup_error = exc.message  # says it all: __main__ drops the traceback
             raise
-        log.info("frontend ready", namespace=config.namespace, router=config.router,
-                 models=len(app.state.registry.names()))  # fmt: skip
+        if started is None:  # uvicorn, told to exit, binds and shuts down straight away
+            log.info("frontend stopped during start-up")
+        else:
+            log.info("frontend ready", namespace=config.namespace, router=config.router,
+                     models=len(app.state.registry.names()))  # fmt: skip
         yield
         log.info("frontend stopping", namespace=config.namespace)
 
 
 async def _start_services(
     app: Litestar, config: FrontendConfig, stack: contextlib.AsyncExitStack
-) -> None:
-    """Connect NATS and etcd, start the registry and the request plane; undo via ``stack``."""
-    nc = await connect_nats(config.nats_server)
+) -> bool:
+    """Connect NATS and etcd, start the registry and the request plane (then True); undo
+    everything via ``stack``."""
+    nc = await connect_with_retry(
+        lambda: connect_nats(config.nats_server),
+        service="NATS", url=config.nats_server, timeout_s=config.connect_timeout_s,
+        check="NATS_SERVER (--nats-server)",
+    )  # fmt: skip
     stack.push_async_callback(nc.close)
     plane = await RequestPlane.start(nc)
     stack.push_async_callback(plane.aclose)
-    etcd = await connect_etcd(config.etcd_endpoints)
+    etcd = await connect_with_retry(
+        lambda: connect_etcd(config.etcd_endpoints),
+        service="etcd", url=config.etcd_endpoints, timeout_s=config.connect_timeout_s,
+        check="ETCD_ENDPOINTS (--etcd-endpoints)",
+    )  # fmt: skip
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)
@@ -106,6 +120,7 @@ async def _start_services(
     app.state.service = GenerationService(resolver, dispatcher, app.state.metrics)
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")
+    return True
 
 
 def _registry(state: State) -> ModelRegistry:
@@ -229,5 +244,6 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
         logging_config=None,
     )
     app.state.config = config
+    app.state.stopping = asyncio.Event()  # set on SIGTERM/SIGINT: ends a waiting start-up
     app.state.metrics = metrics or FrontendMetrics()
     return app

@@ -9,6 +9,7 @@ Hierarchy (each package adds its own in its own ``errors.py``)::
     ├── ConflictError              code "conflict"          (HTTP 409)
     ├── CapacityError              code "capacity"          (HTTP 429)
     ├── UnavailableError           code "unavailable"       (HTTP 503)
+    │   └── ShuttingDownError      code "shutting_down"     (HTTP 503)
     └── UpstreamError              code "upstream_error"    (HTTP 502)
 
 The ``code`` travels in :class:`ErrorInfo` across NATS and HTTP so that the
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidRequestError",
     "LorafleetError",
     "NotFoundError",
+    "ShuttingDownError",
     "UnauthorizedError",
     "UnavailableError",
     "UpstreamError",
@@ -99,6 +101,15 @@ class UnavailableError(LorafleetError):
     """A dependency (etcd, NATS, a live instance) cannot be reached right now."""
 
     code: ClassVar[str] = "unavailable"
+    permanent: ClassVar[bool] = False
+    """True where waiting cannot help (wrong credentials, a bad certificate): the
+    start-up retry loop (``discovery.startup``) gives up at once on those."""
+
+
+class ShuttingDownError(UnavailableError):
+    """The process is stopping and takes no new work; send it elsewhere."""
+
+    code: ClassVar[str] = "shutting_down"
 
 
 class UpstreamError(LorafleetError):
@@ -118,6 +129,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         CapacityError,
         UnavailableError,
         UpstreamError,
+        ShuttingDownError,
     )
 }
 
@@ -128,6 +140,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "not_found": 404,
     "conflict": 409,
     "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
+    "shutting_down": 503,
     "capacity": 429,
     "internal_error": 500,
     "upstream_error": 502,

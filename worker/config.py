@@ -9,6 +9,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
 
@@ -46,6 +48,10 @@ class WorkerConfig:
     advertise_host: str = ""
     lease_ttl_s: int = 10
     shutdown_grace_s: float = 10.0
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    """``DYN_CONNECT_TIMEOUT_S``: how long start-up waits for each of etcd and NATS."""
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    """``DYN_HEADER_TIMEOUT_S``: status connections without a request head by then close."""
     lora_enabled: bool = False
     """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
     auth_token: str | None = field(default=None, repr=False)
@@ -58,6 +64,9 @@ class WorkerConfig:
             raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease TTL must be at least 1 s, got {self.lease_ttl_s}")
+        for name in ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def system_url(self) -> str:
@@ -84,6 +93,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""))
     p.add_argument("--lease-ttl", type=int, default=int(env("DYN_LEASE_TTL", "10")))
     p.add_argument("--shutdown-grace", type=float, default=float(env("DYN_SHUTDOWN_GRACE", "10")))
+    p.add_argument(
+        "--connect-timeout-s", type=float,
+        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
+        help="start-up wait for etcd and NATS, then exit 1 (DYN_CONNECT_TIMEOUT_S, default 60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--header-timeout-s", type=float,
+        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
+        help="close status connections with no request head by then (DYN_HEADER_TIMEOUT_S)",
+    )  # fmt: skip
     p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"))
     p.add_argument("--max-loras", type=int, default=int(env("DYN_MAX_LORAS", "4")))
     p.add_argument("--max-lora-rank", type=int, default=int(env("DYN_MAX_LORA_RANK", "64")))
@@ -130,7 +149,8 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             etcd_endpoints=args.etcd_endpoints, nats_server=args.nats_server,
             system_host=args.system_host, system_port=args.system_port,
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
-            shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
+            shutdown_grace_s=args.shutdown_grace, connect_timeout_s=args.connect_timeout_s,
+            header_timeout_s=args.header_timeout_s, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
         )  # fmt: skip

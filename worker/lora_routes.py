@@ -67,7 +67,7 @@ def _compat_response(reply: UpdateReply) -> Response[Any]:
 
 
 async def _call(status: StatusState, path: str, body: dict[str, Any]) -> Response[Any]:
-    return _compat_response(await status.registry.call(path, body))
+    return _compat_response(await status.call(path, body))
 
 
 @get("/v1/loras")

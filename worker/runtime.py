@@ -1,27 +1,33 @@
-"""Start a worker in the design's order, serve until a signal, then shut down cleanly.
+"""Start a worker in the design's order, serve until a signal, then shut down in bounded time.
 
-Start-up (each step fatal): 1. NATS, etcd, lease; 2. subscription confirmed at
-the server; 3. engine start and ``on_endpoint_ready`` exactly once; 4. engine
-routes registered; 5. instance record and base card put. Shutdown: stop taking
-requests, finish in-flight ones within the grace period, delete the cards,
-revoke the lease.
+Start-up (each step fatal): 1. NATS, etcd, lease (each waited for up to the connect
+timeout); 2. subscription confirmed at the server; 3. engine start and
+``on_endpoint_ready`` exactly once; 4. engine routes registered; 5. instance record
+and base card put. A signal during start-up stops it at once. Shutdown: stop taking
+requests, finish in-flight ones within the grace period, revoke the lease (which
+deletes every record); clean-up gets ``CLEANUP_BUDGET_S`` more, then the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import time
+from typing import Final
 
 import nats
 import structlog
+from nats.aio.client import Client as NatsClient
 
 from discovery.client import EtcdClient, connect_etcd
 from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
+from discovery.startup import connect_with_retry, unless_stopped
 from proto.discovery import Instance, encode_record
+from proto.errors import UnavailableError
 from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
 from worker.endpoint import Endpoint, EndpointAddress
@@ -30,11 +36,56 @@ from worker.engine_registry import EngineRegistry
 from worker.engines import create_engine
 from worker.lora_routes import build_lora_support
 from worker.placement import Placement
-from worker.status_server import StatusServer, StatusState, build_status_app
+from worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
 
 log = structlog.get_logger(__name__)
+
+CLEANUP_BUDGET_S: Final = 2.0
+"""After the grace period, clean-up (lease, connections) is cut off after this long;
+what it left undone (records in a hung etcd) expires with the lease TTL."""
+NATS_CONNECT_TIMEOUT_S: Final = 3.0
+NATS_RECONNECT_WAIT_S: Final = 0.5
+
+
+async def connect_worker_nats(servers: str, *, name: str) -> NatsClient:
+    """Connect to NATS once (``UnavailableError`` if it fails); once up, reconnect forever."""
+    errors = _NatsErrorLog(servers)
+    try:
+        nc = await nats.connect(
+            servers.split(","), name=name, connect_timeout=NATS_CONNECT_TIMEOUT_S,
+            allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0,
+            error_cb=errors.on_error,
+        )  # fmt: skip
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise UnavailableError(
+            f"NATS at {servers} is unavailable ({errors.last or exc or type(exc).__name__}); "
+            "check that nats-server is running and NATS_SERVER points at it"
+        ) from exc
+    nc.options["allow_reconnect"] = True  # these three are read on every disconnect
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = NATS_RECONNECT_WAIT_S
+    errors.connected = True
+    return nc
+
+
+class _NatsErrorLog:
+    """nats-py's error callback: silent while connecting (the start-up loop reports that),
+    then one line each time the error changes, never a traceback per attempt."""
+
+    def __init__(self, servers: str) -> None:
+        self.servers = servers
+        self.connected = False
+        self.last = ""
+        """The last error's text: says more than nats-py's final "no servers available"."""
+
+    async def on_error(self, exc: Exception) -> None:
+        """Log ``exc`` unless still connecting or it repeats the last error."""
+        reason = str(exc) or type(exc).__name__
+        if self.connected and reason != self.last:
+            log.warning("nats error", servers=self.servers, error=reason)
+        self.last = reason
 
 
 class WorkerRuntime:
@@ -52,40 +103,68 @@ class WorkerRuntime:
 
     async def run(self) -> None:
         """Start, serve until stopped, shut down; raises if a start-up step fails."""
-        cfg = self.config
-        nc = await nats.connect(cfg.nats_server, name=f"worker-{os.getpid()}")
-        etcd = await connect_etcd(cfg.etcd_endpoints)
-        lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
-        status_server: StatusServer | None = None
+        deadline = asyncio.timeout(None)
         try:
-            endpoint = Endpoint(
-                nc, lease, self._address(lease.lease_id), update_token=cfg.auth_token
-            )
-            await endpoint.serve()
-            status = StatusState(
-                self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token
-            )
-            status_server = self._status_server(status)
-            await status_server.start()
-            await self._start_engine(endpoint)
-            self.registry.register(self.engine)
-            endpoint.update_handler = self.registry.call
-            await self._publish(lease, endpoint)
-            placement = await self._start_placement(etcd, lease.lease_id)
-            status.ready = True
-            log.info(
-                "worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject
-            )
+            async with deadline:
+                await self._run(deadline)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning("clean-up cut short; records left expire with the lease",
+                        budget_s=CLEANUP_BUDGET_S)  # fmt: skip
+
+    async def _run(self, deadline: asyncio.Timeout) -> None:
+        """Start unless stopped first, serve, shut down; ``deadline`` bounds the shutdown."""
+        loop = asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as stack:
+            started = await unless_stopped(self._start(stack), self._stop)
+            if started is None:
+                log.info("stopped during start-up")
+                deadline.reschedule(loop.time() + CLEANUP_BUDGET_S)
+                return
             await self._stop.wait()
-            if placement is not None:
-                await placement.aclose()
-            await self._shutdown(endpoint, lease)
-        finally:
-            if status_server is not None:
-                await status_server.aclose()
-            await lease.aclose(revoke=True)
-            await nc.close()
-            await etcd.close()
+            deadline.reschedule(loop.time() + self.config.shutdown_grace_s + CLEANUP_BUDGET_S)
+            await self._shutdown(*started)
+
+    async def _start(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[StatusState, Endpoint, LeaseKeeper, Placement | None]:
+        """Steps 1-5 of start-up; everything opened is undone through ``stack``."""
+        cfg = self.config
+        nc, etcd = await self._connect(stack)
+        lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
+        stack.push_async_callback(lease.aclose, revoke=True)
+        endpoint = Endpoint(nc, lease, self._address(lease.lease_id), update_token=cfg.auth_token)
+        await endpoint.serve()
+        status = StatusState(self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token)
+        status_server = self._status_server(status)
+        await status_server.start()
+        stack.push_async_callback(status_server.aclose)
+        await self._start_engine(endpoint)
+        self.registry.register(self.engine)
+        endpoint.update_handler = status.call
+        await self._publish(lease, endpoint)
+        placement = await self._start_placement(etcd, lease.lease_id)
+        status.phase = WorkerPhase.READY
+        log.info("worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject)
+        return status, endpoint, lease, placement
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> tuple[NatsClient, EtcdClient]:
+        """NATS, then etcd, each waited for up to the connect timeout."""
+        cfg = self.config
+        nc = await connect_with_retry(
+            lambda: connect_worker_nats(cfg.nats_server, name=f"worker-{os.getpid()}"),
+            service="NATS", url=cfg.nats_server, timeout_s=cfg.connect_timeout_s,
+            check="NATS_SERVER (--nats-server)",
+        )  # fmt: skip
+        stack.push_async_callback(nc.close)
+        etcd = await connect_with_retry(
+            lambda: connect_etcd(cfg.etcd_endpoints),
+            service="etcd", url=cfg.etcd_endpoints, timeout_s=cfg.connect_timeout_s,
+            check="ETCD_ENDPOINTS (--etcd-endpoints)",
+        )  # fmt: skip
+        stack.push_async_callback(etcd.close)
+        return nc, etcd
 
     def _address(self, instance_id: int) -> EndpointAddress:
         cfg = self.config
@@ -97,7 +176,8 @@ class WorkerRuntime:
     def _status_server(self, status: StatusState) -> StatusServer:
         lora = build_lora_support(self.config, self.engine, status)
         app = build_status_app(status, lora.routes)
-        return StatusServer(app, self.config.system_host, self.config.system_port)
+        cfg = self.config
+        return StatusServer(app, cfg.system_host, cfg.system_port, cfg.header_timeout_s)
 
     async def _start_engine(self, endpoint: Endpoint) -> None:
         await self.engine.start()
@@ -126,12 +206,21 @@ class WorkerRuntime:
             idle_unload_s=self.config.lora_idle_unload_s,
         )  # fmt: skip
 
-    async def _shutdown(self, endpoint: Endpoint, lease: LeaseKeeper) -> None:
+    async def _shutdown(
+        self,
+        status: StatusState,
+        endpoint: Endpoint,
+        lease: LeaseKeeper,
+        placement: Placement | None,
+    ) -> None:
+        """Refuse new work, finish in-flight requests within the grace, then revoke."""
         log.info("shutting down", grace_s=self.config.shutdown_grace_s)
+        status.phase = WorkerPhase.STOPPING
+        if placement is not None:
+            await placement.aclose()
         await endpoint.stop_accepting()
         await endpoint.drain(self.config.shutdown_grace_s)
-        for key in lease.records:
-            await lease.delete(key)
+        await lease.aclose(revoke=True)  # deletes every record in one revision
         await self.engine.stop()
 
 

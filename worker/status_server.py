@@ -10,7 +10,9 @@ management is configured.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -22,36 +24,50 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from proto.auth import bearer_token_accepted
 from proto.errors import (
     ErrorInfo,
     InvalidRequestError,
+    ShuttingDownError,
     UnauthorizedError,
     error_body,
     http_status,
 )
 from proto.inference import UpdateReply
 from proto.limits import check_json_depth, shorten
-from worker.engine_registry import EngineRegistry
+from worker.engine_registry import EngineRegistry, error_reply
 
 __all__ = [
     "MAX_BODY_BYTES",
     "StatusServer",
     "StatusState",
+    "WorkerPhase",
     "admitted_body",
     "build_status_app",
     "error_response",
+    "is_mutating",
     "read_json_object",
     "reply_response",
 ]
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
+CLOSE_TIMEOUT_S: Final = 1.0
+"""At shutdown, requests still running on the status server after this are cancelled."""
 _CODE_BY_STATUS: Final = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _HTTP_MESSAGES: Final = {
     405: "method not allowed",
     413: f"request body too large: the status server reads at most {MAX_BODY_BYTES} bytes",
 }
+
+
+class WorkerPhase(enum.Enum):
+    """Where the worker stands, as ``/health`` reports it; set only by the runtime."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
 
 
 @dataclass
@@ -60,8 +76,18 @@ class StatusState:
 
     registry: EngineRegistry
     instance_id: int = 0
-    ready: bool = False
+    phase: WorkerPhase = WorkerPhase.STARTING
     auth_token: str | None = None
+
+    async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
+        """Call an engine route; while stopping, routes that change adapters answer 503."""
+        if self.phase is WorkerPhase.STOPPING and is_mutating(path):
+            exc = ShuttingDownError(
+                f"worker {self.instance_id:x} is shutting down and takes no {path!r}; "
+                "send it to another worker"
+            )
+            return error_reply(exc)
+        return await self.registry.call(path, body)
 
     def check_auth(self, request: Request[Any, Any, Any]) -> None:
         """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
@@ -115,16 +141,16 @@ async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return body
 
 
-def _is_mutating(path: str) -> bool:
+def is_mutating(path: str) -> bool:
+    """Whether an engine route path changes state (``update/*`` except the ``list*`` ones)."""
     return path.startswith("update/") and not path.removeprefix("update/").startswith("list")
 
 
 @get("/health", sync_to_thread=False)
 def health(status: StatusState) -> Response[Any]:
-    """200 once start-up finished, 503 before."""
-    body = {"status": "ready" if status.ready else "starting"}
-    body["instance_id"] = f"{status.instance_id:x}"
-    return Response(body, status_code=200 if status.ready else 503)
+    """200 while ready; 503 while starting or stopping."""
+    body = {"status": status.phase.value, "instance_id": f"{status.instance_id:x}"}
+    return Response(body, status_code=200 if status.phase is WorkerPhase.READY else 503)
 
 
 @get("/metrics", sync_to_thread=False)
@@ -149,10 +175,10 @@ async def admitted_body(
 async def engine_route(request: Request[Any, Any, Any], path: str, status: StatusState) -> Any:
     """Call ``control/<name>`` or ``update/<name>`` on the engine."""
     path = path.strip("/")
-    body = await admitted_body(request, status, mutating=_is_mutating(path))
+    body = await admitted_body(request, status, mutating=is_mutating(path))
     if isinstance(body, Response):
         return body
-    return reply_response(await status.registry.call(path, body))
+    return reply_response(await status.call(path, body))
 
 
 def build_status_app(
@@ -165,15 +191,35 @@ def build_status_app(
         request_max_body_size=MAX_BODY_BYTES,
         exception_handlers={HTTPException: _on_http_error},
         openapi_config=None,
+        logging_config=None,  # Litestar's default replaces the root handler: lines not JSON
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that leaves SIGTERM and SIGINT to the worker runtime.
+
+    uvicorn's own handlers replaced the runtime's: SIGTERM stopped only this server, which
+    re-raised the signal once its requests were done, so one slow client kept the worker up.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class StatusServer:
     """Runs the status app with uvicorn inside the worker's event loop."""
 
-    def __init__(self, app: Litestar, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
+    def __init__(
+        self, app: Litestar, host: str, port: int,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    ) -> None:  # fmt: skip
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", log_config=None,
+            access_log=False,
+            http=with_header_timeout(header_timeout_s), timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
+        )  # fmt: skip
+        self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -186,7 +232,7 @@ class StatusServer:
             await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
-        """Stop serving."""
+        """Stop serving: idle connections close now, running requests get ``CLOSE_TIMEOUT_S``."""
         self._server.should_exit = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)

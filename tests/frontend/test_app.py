@@ -276,13 +276,17 @@ async def test_health_follows_the_nats_connection(etcd_url, namespace, tmp_path)
 
 def test_unreachable_etcd_stops_the_frontend_with_one_clear_line(nats_url) -> None:
     etcd_port = free_port()  # nothing listens there
-    env = {**os.environ, "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd_port}", "NATS_SERVER": nats_url}
+    env = {
+        **os.environ, "ETCD_ENDPOINTS": f"http://127.0.0.1:{etcd_port}", "NATS_SERVER": nats_url,
+        "DYN_CONNECT_TIMEOUT_S": "2",
+    }  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "frontend", "--http-port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1
     assert "frontend cannot start" in done.stderr
+    assert "gave up on etcd" in done.stderr and "DYN_CONNECT_TIMEOUT_S" in done.stderr
     assert f"etcd at 127.0.0.1:{etcd_port} is unavailable" in done.stderr
     assert "ETCD_ENDPOINTS" in done.stderr  # what to check
     assert "Traceback" not in done.stderr
