@@ -22,12 +22,13 @@ import structlog
 from litestar.response import Stream
 from litestar.types import Receive
 
-from frontend.dispatcher import Dispatcher, TokenStream
+from frontend.dispatcher import Dispatcher
 from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError, openai_error
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.resolver import ModelResolver
 from frontend.shapes import SSE_DONE, Answer, Shape, sse
+from frontend.token_stream import TokenStream
 from proto.errors import LorafleetError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from proto.openai import ChatCompletionRequest, CompletionRequest
