@@ -4,7 +4,9 @@ Two mocker workers serve ``demo``; the second also serves an adapter of its
 own. While closed-loop clients send chat requests (non-streaming and
 streaming) through the frontend, the second worker is SIGKILLed. Each round
 times SIGKILL until its adapter leaves ``/v1/models`` and until ``/health``
-counts one instance, and counts the requests that failed meanwhile.
+counts one instance, and counts the requests that failed meanwhile. Streams
+are long enough to be cut by the kill: they must migrate to the survivor and
+still read exactly the mocker's answer, with the whole answer's usage.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from bench._cluster import BenchCluster, Service
 from bench._http import http_get_json
 from bench._load import Session
 from bench._report import add_output_flags, emit, machine, ms, percentile, run_async, table
-from bench.serve import http_session
+from bench._streams import StreamChecks, checked_stream_session, migrations
+from bench.serve import PROMPT, http_session
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -98,9 +101,10 @@ async def _round(
     cluster: BenchCluster, frontend: Service, models: FrontendModels, args: argparse.Namespace
 ) -> dict[str, Any]:
     victim = await _start_victim(cluster, models, frontend, _speed(args))
-    traffic = _Traffic()
-    sessions = {"whole": http_session(frontend.port, stream=False),
-                "stream": http_session(frontend.port, stream=True)}  # fmt: skip
+    traffic, checks = _Traffic(), StreamChecks()
+    migrated_before = await migrations(frontend.port)
+    stream = checked_stream_session(frontend.port, MODEL, PROMPT, args.stream_max_tokens, checks)
+    sessions = {"whole": http_session(frontend.port, stream=False), "stream": stream}
     tasks = [asyncio.create_task(traffic.loop("whole", sessions["whole"]))
              for _ in range(args.concurrency)]  # fmt: skip
     tasks += [asyncio.create_task(traffic.loop("stream", sessions["stream"]))
@@ -122,7 +126,10 @@ async def _round(
     traffic.stop.set()
     await asyncio.gather(*tasks)
     cluster.services.remove(victim)
-    return _round_figures(traffic, killed_at, gone_at, counted_at)
+    figures = _round_figures(traffic, killed_at, gone_at, counted_at)
+    figures["stream_checks"] = checks.figures()
+    figures["migrations"] = round(await migrations(frontend.port) - migrated_before)
+    return figures
 
 
 def _round_figures(
@@ -156,6 +163,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(),
         "settings": {"rounds": args.rounds, "lease_ttl_s": args.lease_ttl_s,
                      "concurrency": args.concurrency, "stream_concurrency": args.stream_concurrency,
+                     "stream_max_tokens": args.stream_max_tokens,
                      "mocker_time_per_token_s": args.time_per_token_s},
         "results": _summary(rounds),
         "rounds": rounds,
@@ -173,20 +181,29 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "requests_whole": sum(r["whole"]["requests"] for r in rounds if "whole" in r),
         "failed_stream": sum(r["stream"]["failed"] for r in rounds if "stream" in r),
         "requests_stream": sum(r["stream"]["requests"] for r in rounds if "stream" in r),
+        "kills": len(rounds),
+        "migrations": sum(r["migrations"] for r in rounds),
+        "streams_text_differs": sum(r["stream_checks"]["text_differs"] for r in rounds),
+        "streams_usage_differs": sum(r["stream_checks"]["usage_differs"] for r in rounds),
     }
 
 
 def _text(results: dict[str, Any], rounds: list[dict[str, Any]], ttl_s: int) -> str:
     headers = ["round", "gone s", "health s", "whole failed/total", "whole max ms after kill",
-               "stream failed/total"]  # fmt: skip
+               "stream failed/total", "migrations"]  # fmt: skip
     rows = [
         [index + 1, r["models_gone_s"], r["health_one_instance_s"],
          f"{r['whole']['failed']}/{r['whole']['requests']}" if "whole" in r else "-",
          r["whole"]["max_latency_after_kill_ms"] if "whole" in r else None,
-         f"{r['stream']['failed']}/{r['stream']['requests']}" if "stream" in r else "-"]
+         f"{r['stream']['failed']}/{r['stream']['requests']}" if "stream" in r else "-",
+         r["migrations"]]
         for index, r in enumerate(rounds)
     ]  # fmt: skip
-    return f"lease TTL {ttl_s} s\n" + table(headers, rows)
+    totals = (f"{results['kills']} kills, {results['requests_stream']} streams, "
+              f"{results['migrations']} migrated, {results['failed_stream']} failed, "
+              f"{results['streams_text_differs']} with other text, "
+              f"{results['streams_usage_differs']} with other usage")  # fmt: skip
+    return f"lease TTL {ttl_s} s\n" + table(headers, rows) + "\n" + totals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lease-ttl-s", type=int, default=3, help="workers' DYN_LEASE_TTL")
     parser.add_argument("--concurrency", type=int, default=8, help="non-streaming clients")
-    parser.add_argument("--stream-concurrency", type=int, default=2, help="streaming clients")
+    parser.add_argument("--stream-concurrency", type=int, default=8, help="streaming clients")
+    parser.add_argument("--stream-max-tokens", type=int, default=32,
+                        help="tokens per stream (long enough for a kill to cut some)")  # fmt: skip
     parser.add_argument("--time-per-token-s", type=float, default=0.002, help="mocker speed")
     add_output_flags(parser)
     return parser
