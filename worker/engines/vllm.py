@@ -216,7 +216,8 @@ class VLLMEngine(AdapterEngine):
             raise UnavailableError(f"vllm engine for {self.config.model} is not started")
         lora = self._table.resolve(request.model)
         prompt_ids = self._prompt_ids(request)
-        if request.generated_ids and request.sampling.max_tokens <= 0:
+        room = self.max_model_len - len(prompt_ids) - len(request.generated_ids)
+        if request.generated_ids and min(request.sampling.max_tokens, room) <= 0:
             usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
             yield FinalChunk(finish_reason="length", usage=usage)  # a spent continuation
             return
