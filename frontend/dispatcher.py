@@ -21,7 +21,7 @@ from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.request_plane import Reply, RequestPlane, is_no_responders
 from frontend.router import Router
-from frontend.token_stream import TokenStream
+from frontend.token_stream import Lookup, TokenStream
 from proto.discovery import Instance
 from proto.errors import LorafleetError, error_from_info
 from proto.inference import (
@@ -124,10 +124,16 @@ class Dispatcher:
                 self.release(attempt)
         raise self._exhausted(served, tried, last)
 
-    async def stream(self, served: ServedModel, request: GenerateRequest) -> TokenStream:
-        """Start ``request`` as a stream that migrates to another instance if its own is lost."""
+    async def stream(
+        self, served: ServedModel, request: GenerateRequest, lookup: Lookup | None = None
+    ) -> TokenStream:
+        """Start ``request`` as a stream that migrates to another instance if its own is lost.
+
+        ``lookup`` gives the instances serving the model when the stream migrates (they may
+        have changed since it started); without it, or when it finds none, ``served``'s.
+        """
         attempt, first = await self.first_chunk(served, request)
-        return TokenStream(self, served, request, attempt, first)
+        return TokenStream(self, served, request, attempt, first, lookup)
 
     async def first_chunk(
         self, served: ServedModel, request: GenerateRequest

@@ -11,6 +11,7 @@ A client that hangs up cancels its request at the worker, streamed or not.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import weakref
@@ -132,7 +133,8 @@ class GenerationService:
         started: float,
     ) -> Stream:
         try:
-            tokens = await self._dispatch(self.dispatcher.stream, served, request)
+            stream = functools.partial(self.dispatcher.stream, lookup=self.resolver.registry.get)
+            tokens = await self._dispatch(stream, served, request)
         except BaseException as exc:
             self.metrics.ended(answer.model, shape.endpoint)
             if isinstance(exc, LorafleetError):

@@ -13,13 +13,14 @@ exact (``docs/decisions.md``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 import structlog
 
 from frontend.errors import InstanceLostError, WorkerError
+from frontend.registry import ServedModel
 from proto.errors import UpstreamError, error_from_info
 from proto.inference import (
     ErrorChunk,
@@ -32,9 +33,11 @@ from proto.inference import (
 
 if TYPE_CHECKING:
     from frontend.dispatcher import Attempt, Dispatcher
-    from frontend.registry import ServedModel
 
-__all__ = ["TokenStream"]
+__all__ = ["Lookup", "TokenStream"]
+
+Lookup: TypeAlias = Callable[[str], ServedModel | None]
+"""The served model of a name as the registry knows it now, or None (``ModelRegistry.get``)."""
 
 log = structlog.get_logger(__name__)
 
@@ -49,9 +52,11 @@ class TokenStream:
         request: GenerateRequest,
         attempt: Attempt,
         first: StreamChunk,
+        lookup: Lookup | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._served = served
+        self._lookup = lookup
         self._origin = request
         self._request = request
         self._attempt = attempt
@@ -105,6 +110,8 @@ class TokenStream:
             raise refusal
         self._dispatcher.abandon(exc, lost)
         self._request = self._continuation()
+        if self._lookup is not None:  # instances may have come and gone since the start
+            self._served = self._lookup(self._served.name) or self._served
         try:
             self._attempt, first = await self._dispatcher.first_chunk(self._served, self._request)
         except BaseException:

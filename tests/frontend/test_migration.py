@@ -46,11 +46,19 @@ class Fleet:
         self._until(lambda: self.health()["instances"] == workers, "every worker is served")
         return self
 
+    def add_worker(self) -> None:
+        """Start one more worker and wait until the frontend routes to it."""
+        self.workers.append(self._worker())
+        self.workers[-1].wait_ready()
+        want = len(self.workers)
+        self._until(lambda: self.health()["instances"] == want, "the new worker is served")
+
     def _worker(self) -> ServiceProcess:
         return start_worker(
             self.log_dir, etcd_url=self.etcd_url, nats_url=self.nats_url,
             namespace=self.namespace, model="mig", wait=False,
-            args=("--engine", "mocker", "--mocker-time-per-token-s", TIME_PER_TOKEN_S),
+            args=("--engine", "mocker", "--mocker-time-per-token-s", TIME_PER_TOKEN_S,
+                  "--engine-option", "output_tokens=1000"),
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -144,4 +152,17 @@ def test_after_the_migration_limit_the_stream_ends_with_an_error_event(fleet: Fl
                     kills += 1
     assert kills == 2
     assert text == _expected(text.count("mig:")), "tokens before the error were in order"
+    assert fleet.migrations() == 1
+
+
+def test_a_stream_migrates_to_a_worker_that_started_after_it(fleet: Fleet) -> None:
+    fleet.start(workers=1)  # a rolling restart: the stream's worker goes after a new one came
+    text = ""
+    for chunk in fleet.stream(max_tokens=200):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+            if text.count("mig:") == 3:
+                fleet.add_worker()
+                fleet.kill_the_serving_worker()
+    assert text == _expected(200)
     assert fleet.migrations() == 1
