@@ -13,6 +13,7 @@ exact (``docs/decisions.md``).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -63,8 +64,8 @@ class TokenStream:
         self.request_id = request.request_id
         self.first = first
         self.migrations = 0
-        self._ids: list[int] = []
-        """Token ids the client received, from every instance so far."""
+        self._ids = array("q")
+        """Token ids the client received, from every instance so far (8 bytes each)."""
         self._tokens = 0
         self._done = False
 
@@ -80,7 +81,7 @@ class TokenStream:
                 self._done = True
                 yield self._whole(chunk)
                 return
-            self._ids += chunk.token_ids
+            self._ids.extend(chunk.token_ids)
             self._tokens += chunk.tokens
             yield chunk
             try:
