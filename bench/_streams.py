@@ -1,9 +1,10 @@
-"""Streaming chat clients that check every answer, token for token, and the frontend's migrations.
+"""Streaming chat clients that hold every answer against the unmigrated one, and count migrations.
 
-The mocker's answer to ``max_tokens=n`` is always ``{model}:0 ... {model}:n-1``,
-as greedy as decoding gets: a stream that lost, repeated or restarted a token
-when its worker died (and it migrated) reads differently, and its ``usage``
-must still count the whole answer.
+The reference is one whole answer to the same request, taken while a single
+worker serves it, so nothing migrated. With deterministic answers (the
+mocker's numbered tokens, greedy decoding on the demo model), a stream that
+lost, repeated or restarted a token when its worker died and it migrated reads
+differently; its ``usage`` must still count the whole answer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import msgspec
 from bench._http import HttpConnection, build_request, http_once
 from bench._load import Call, Outcome, Session
 
-__all__ = ["StreamChecks", "checked_stream_session", "migrations"]
+__all__ = ["Answer", "StreamChecks", "checked_stream_session", "migrations", "unmigrated_answer"]
 
 _DONE: Final = b"data: [DONE]"
 _MIGRATIONS: Final = re.compile(
@@ -26,9 +27,18 @@ _MIGRATIONS: Final = re.compile(
 )
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A chat answer's text and token counts."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
 @dataclass
 class StreamChecks:
-    """Streams read, and how many were cut short, answered wrong text or wrong usage."""
+    """Streams read, and how many were cut short, answered other text or other usage."""
 
     streams: int = 0
     failed: int = 0
@@ -40,16 +50,23 @@ class StreamChecks:
         return dict(vars(self))
 
 
+async def unmigrated_answer(port: int, body: dict[str, Any]) -> Answer:
+    """The whole answer to ``body`` (a chat request) from the frontend on ``port``."""
+    response = await http_once(port, "POST", "/v1/chat/completions", body)
+    if response.status != 200:
+        raise RuntimeError(f"the reference request answered HTTP {response.status}")
+    answer = msgspec.json.decode(response.body)
+    usage = answer["usage"]
+    text = answer["choices"][0]["message"]["content"]
+    return Answer(text, usage["prompt_tokens"], usage["completion_tokens"])
+
+
 def checked_stream_session(
-    port: int, model: str, prompt: str, max_tokens: int, checks: StreamChecks
+    port: int, body: dict[str, Any], expected: Answer, checks: StreamChecks
 ) -> Session:
-    """Each task: a keep-alive connection streaming one chat request again and again, checked."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    raw = build_request("POST", "127.0.0.1", port, "/v1/chat/completions", body)
-    expected = "".join(f"{model}:{index} " for index in range(max_tokens))
-    prompt_words = len(prompt.split())
+    """Each task: a keep-alive connection streaming ``body`` again and again, each checked."""
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    raw = build_request("POST", "127.0.0.1", port, "/v1/chat/completions", streamed)
 
     async def open_session() -> tuple[Call, Callable[[], Awaitable[None]]]:
         connection = await HttpConnection.open("127.0.0.1", port)
@@ -57,17 +74,13 @@ def checked_stream_session(
         async def call() -> Outcome:
             response = await connection.request(raw, watch_tokens=True)
             checks.streams += 1
-            events = _events(response.body) if response.status == 200 else None
-            if events is None:
+            answer = _answer(response.body) if response.status == 200 else None
+            if answer is None:
                 checks.failed += 1
                 return Outcome(False)
-            text = "".join(_content(event) for event in events)
-            usage = next((e["usage"] for e in events if e.get("usage")), None)
-            text_ok = text == expected
-            usage_ok = usage is not None and (
-                usage["prompt_tokens"],
-                usage["completion_tokens"],
-            ) == (prompt_words, max_tokens)
+            text_ok = answer.text == expected.text
+            usage_ok = answer == Answer(answer.text, expected.prompt_tokens,
+                                       expected.completion_tokens)  # fmt: skip
             checks.text_differs += not text_ok
             checks.usage_differs += not usage_ok
             return Outcome(text_ok and usage_ok, response.first_token_at)
@@ -77,13 +90,17 @@ def checked_stream_session(
     return open_session
 
 
-def _events(body: bytes) -> list[dict[str, Any]] | None:
-    """The JSON events of a complete stream, or None when it ended with an error or early."""
+def _answer(body: bytes) -> Answer | None:
+    """The text and usage of a complete stream; None when it ended early or with an error."""
     lines = [line for line in body.split(b"\n") if line.startswith(b"data: ")]
     if not lines or lines[-1] != _DONE:
         return None
     events = [msgspec.json.decode(line[6:]) for line in lines[:-1]]
-    return None if any("error" in event for event in events) else events
+    if any("error" in event for event in events):
+        return None
+    text = "".join(_content(event) for event in events)
+    usage = next((event["usage"] for event in events if event.get("usage")), {})
+    return Answer(text, usage.get("prompt_tokens", -1), usage.get("completion_tokens", -1))
 
 
 def _content(event: dict[str, Any]) -> str:
