@@ -216,8 +216,7 @@ class VLLMEngine(AdapterEngine):
             raise UnavailableError(f"vllm engine for {self.config.model} is not started")
         lora = self._table.resolve(request.model)
         prompt_ids = self._prompt_ids(request)
-        room = self.max_model_len - len(prompt_ids) - len(request.generated_ids)
-        if request.generated_ids and min(request.sampling.max_tokens, room) <= 0:
+        if request.generated_ids and self._spent(request, len(prompt_ids)):
             usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
             yield FinalChunk(finish_reason="length", usage=usage)  # a spent continuation
             return
@@ -243,6 +242,11 @@ class VLLMEngine(AdapterEngine):
                     yield chunk
         if final is not None:
             yield final
+
+    def _spent(self, request: GenerateRequest, prompt_tokens: int) -> bool:
+        """Whether a continuation has no token left: ``max_tokens`` or the context is used up."""
+        room = self.max_model_len - prompt_tokens - len(request.generated_ids)
+        return min(request.sampling.max_tokens, room) <= 0
 
     async def _chunks(
         self, stream: Any, request_id: str, prompt_tokens: int
