@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 PROMPT = "tell me a story"  # 4 words: the mocker counts whitespace-split words
 TIME_PER_TOKEN_S = "0.05"
+FAST_TIME_PER_TOKEN_S = "0.002"
 WAIT_S = 15.0
 
 
@@ -46,18 +47,18 @@ class Fleet:
         self._until(lambda: self.health()["instances"] == workers, "every worker is served")
         return self
 
-    def add_worker(self) -> None:
+    def add_worker(self, time_per_token_s: str = TIME_PER_TOKEN_S) -> None:
         """Start one more worker and wait until the frontend routes to it."""
-        self.workers.append(self._worker())
+        self.workers.append(self._worker(time_per_token_s))
         self.workers[-1].wait_ready()
         want = len(self.workers)
         self._until(lambda: self.health()["instances"] == want, "the new worker is served")
 
-    def _worker(self) -> ServiceProcess:
+    def _worker(self, time_per_token_s: str = TIME_PER_TOKEN_S) -> ServiceProcess:
         return start_worker(
             self.log_dir, etcd_url=self.etcd_url, nats_url=self.nats_url,
             namespace=self.namespace, model="mig", wait=False,
-            args=("--engine", "mocker", "--mocker-time-per-token-s", TIME_PER_TOKEN_S,
+            args=("--engine", "mocker", "--mocker-time-per-token-s", time_per_token_s,
                   "--engine-option", "output_tokens=1000"),
         )  # fmt: skip
 
@@ -158,11 +159,12 @@ def test_after_the_migration_limit_the_stream_ends_with_an_error_event(fleet: Fl
 def test_a_stream_migrates_to_a_worker_that_started_after_it(fleet: Fleet) -> None:
     fleet.start(workers=1)  # a rolling restart: the stream's worker goes after a new one came
     text = ""
-    for chunk in fleet.stream(max_tokens=200):
+    # 50 s on the first worker, however slowly the second starts; 2 s on the second.
+    for chunk in fleet.stream(max_tokens=1000):
         if chunk.choices and chunk.choices[0].delta.content:
             text += chunk.choices[0].delta.content
             if text.count("mig:") == 3:
-                fleet.add_worker()
+                fleet.add_worker(FAST_TIME_PER_TOKEN_S)
                 fleet.kill_the_serving_worker()
-    assert text == _expected(200)
+    assert text == _expected(1000)
     assert fleet.migrations() == 1

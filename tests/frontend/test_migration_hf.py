@@ -12,6 +12,7 @@ continue on the real worker, from the token ids the client already received.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 CHUNKS_BEFORE_DYING = 3
 REPLY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 15.0
 
 
 class DyingRelay(StandInWorker):
@@ -112,8 +114,10 @@ async def test_a_migrated_greedy_answer_is_the_unmigrated_one(
     relay.real_subject = decode_instance(record.value).subject
     await relay.start()
     try:
-        while _instances(frontend) != 2:
-            await relay.nc.flush()  # wait for the frontend to see the relay, without sleeping
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while _instances(frontend) != 2:  # the frontend sees the relay
+            assert time.monotonic() < deadline, "the frontend never counted the relay"
+            await relay.nc.flush()
         # Round robin: within two streams one goes to the relay; each must read the same.
         for _ in range(2):
             text, usage = await _streamed(client, **request)
