@@ -118,8 +118,9 @@ async def test_a_migrated_greedy_answer_is_the_unmigrated_one(
         while _instances(frontend) != 2:  # the frontend sees the relay
             assert time.monotonic() < deadline, "the frontend never counted the relay"
             await relay.nc.flush()
-        # Round robin: within two streams one goes to the relay; each must read the same.
-        for _ in range(2):
+        # Round robin: one of two streams goes to the relay once the frontend has its card
+        # (a moment after its instance record); each stream must read the same.
+        for _ in range(4):
             text, usage = await _streamed(client, **request)
             assert text == EXPECTED["base"]
             assert usage.prompt_tokens == whole.usage.prompt_tokens
