@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence after which a worker is pinged (env DYN_STALL_TIMEOUT_S)")  # fmt: skip
     add("--max-attempts", type=int, default=int(_env("DYN_MAX_ATTEMPTS", "3")),
         help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
+    add("--migration-limit", type=int, default=int(_env("DYN_MIGRATION_LIMIT", "3")),
+        help="times one stream may continue on another instance when its own is lost "
+             "(env DYN_MIGRATION_LIMIT, default 3; 0: never)")  # fmt: skip
     add("--on-demand-timeout-s", type=float,
         default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
         help="how long a request for a cold adapter waits for its load "
@@ -89,7 +92,11 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
         router=args.router,
         http_host=args.http_host,
         http_port=args.http_port,
-        dispatch=DispatchSettings(stall_s=args.stall_timeout_s, max_attempts=args.max_attempts),
+        dispatch=DispatchSettings(
+            stall_s=args.stall_timeout_s,
+            max_attempts=args.max_attempts,
+            migration_limit=args.migration_limit,
+        ),
         on_demand_timeout_s=args.on_demand_timeout_s,
         connect_timeout_s=args.connect_timeout_s,
         shutdown_grace_s=args.shutdown_grace,

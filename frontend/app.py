@@ -105,7 +105,7 @@ async def _start_services(
     stack.push_async_callback(registry.aclose)
     desired = await DesiredState.start(etcd, config.namespace)
     stack.push_async_callback(desired.aclose)
-    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
+    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, app.state.metrics)
     loader = OnDemandLoader(
         registry, plane, app.state.metrics,
         timeout_s=config.on_demand_timeout_s, settings=config.dispatch,

@@ -51,6 +51,7 @@ __all__ = [
     "NoLiveInstanceError",
     "OPENAI_TYPE_BY_STATUS",
     "PayloadTooLargeError",
+    "RETRYABLE_WORKER_CODES",
     "WorkerError",
     "http_status",
     "openai_error",
@@ -73,6 +74,8 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
 """OpenAI's error ``type`` by status; anything else is a ``server_error``."""
 
 MAX_NAMES_IN_MESSAGE: Final = 20
+RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
+"""Worker errors that another instance may not have (shutting down, adapter gone, full)."""
 
 
 def openai_type(status: int) -> str:
@@ -208,6 +211,11 @@ class WorkerError(UpstreamError):
         self.instance_id = instance_id
         self.error = error
         super().__init__(f"Worker instance {instance_id:x} failed: {error.message}")
+
+    @property
+    def retryable(self) -> bool:
+        """Whether another instance may not have this error (shutting down, adapter gone, full)."""
+        return self.error.code in RETRYABLE_WORKER_CODES
 
     @property
     def status(self) -> int:

@@ -65,6 +65,10 @@ class GenerateRequest(_Message, tag="generate"):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    generated_ids: list[int] = msgspec.field(default_factory=list)
+    """Token ids another instance already generated (and the client received) for this
+    request: the engine continues after them (stream migration). ``max_tokens`` then
+    counts only the tokens still to come, and ``usage`` counts only those too."""
 
 
 class CancelRequest(_Message, tag="cancel"):
@@ -117,10 +121,15 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class TokenChunk(_Message, tag="token"):
-    """New text; ``tokens`` counts the tokens it holds."""
+    """New text; ``tokens`` counts the tokens it holds, ``token_ids`` are their ids.
+
+    The ids let a frontend continue the answer on another instance, token for token,
+    should this one vanish (empty from engines that do not report them).
+    """
 
     text: str
     tokens: int = 1
+    token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 class FinalChunk(_Message, tag="final"):

@@ -62,10 +62,12 @@ def test_lora_reports_rounds_empty_populated_and_cold_without_errors(tmp_path: P
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
-def test_failover_loses_no_whole_request_when_a_worker_is_killed(tmp_path: Path) -> None:
+def test_failover_loses_no_request_and_no_stream_when_a_worker_is_killed(tmp_path: Path) -> None:
     result = _bench(tmp_path, "failover", "--rounds", "1", "--lease-ttl-s", "1")
     summary = result["results"]
     assert summary["failed_whole"] == 0 and summary["requests_whole"] > 0
+    assert summary["failed_stream"] == 0 and summary["requests_stream"] > 0
+    assert summary["streams_text_differs"] == summary["streams_usage_differs"] == 0
     assert summary["models_gone_max_s"] > 0
     (only,) = result["rounds"]
     assert only["whole"]["requests_after_kill"] > 0

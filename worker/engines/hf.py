@@ -146,15 +146,11 @@ class HFEngine(AdapterEngine):
         if self.state is not EngineState.RUNNING or self._host is None:
             raise UnavailableError(f"hf engine for {self.config.model_name} is not running")
         adapter = self.resolve(request.model, self._adapters)
-        ids = prompt_ids(self._host.tokenizer, request)
+        prompt = prompt_ids(self._host.tokenizer, request)
+        ids = prompt + request.generated_ids  # a continuation resumes after its tokens
         context = min(self.config.context_length, self._host.max_positions or 1 << 30)
-        if len(ids) >= context:
-            raise InvalidRequestError(
-                f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
-                f"in the context of {context} tokens"
-            )
         sampling = request.sampling
-        check_sampling(request.request_id, sampling)
+        budget = min(sampling.max_tokens, context - len(ids))
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         row = Row(prompt_ids=ids, params=sampling, generator=torch.Generator().manual_seed(seed))
         row.adapter = adapter.key if adapter else BASE_ADAPTER
@@ -162,9 +158,19 @@ class HFEngine(AdapterEngine):
             request_id=request.request_id,
             model=request.model,
             row=row,
-            text=TextStream(self._host.tokenizer, sampling.stop),
-            max_new_tokens=min(sampling.max_tokens, context - len(ids)),
+            text=TextStream(self._host.tokenizer, sampling.stop, request.generated_ids),
+            max_new_tokens=budget,
+            prompt_tokens=len(prompt),
         )
+        if request.generated_ids and budget <= 0:
+            pending.end_exhausted()
+            return pending
+        if len(ids) >= context:
+            raise InvalidRequestError(
+                f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
+                f"in the context of {context} tokens"
+            )
+        check_sampling(request.request_id, sampling)
         self._waiting.append(pending)
         self._wake.set()
         return pending

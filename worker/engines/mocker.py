@@ -68,12 +68,17 @@ class MockerEngine(AdapterEngine):
         await super().on_endpoint_ready(endpoint)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
-        """Stream up to ``max_tokens`` synthetic tokens for the base model or a loaded adapter."""
+        """Stream up to ``max_tokens`` synthetic tokens for the base model or a loaded adapter.
+
+        Token ``i`` has id ``i``, so a continuation (``generated_ids``) resumes at the
+        index after them, as a real engine resumes after its given tokens.
+        """
         self.resolve(request.model, self.adapters)
-        budget = min(request.sampling.max_tokens, self.options.output_tokens)
-        for index in range(budget):
+        start = len(request.generated_ids)
+        budget = max(0, min(request.sampling.max_tokens, self.options.output_tokens - start))
+        for index in range(start, start + budget):
             await asyncio.sleep(self.options.time_per_token_s)
-            yield TokenChunk(text=f"{request.model}:{index} ")
+            yield TokenChunk(text=f"{request.model}:{index} ", token_ids=[index])
         finish = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,

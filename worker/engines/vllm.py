@@ -214,6 +214,10 @@ class VLLMEngine(AdapterEngine):
             raise UnavailableError(f"vllm engine for {self.config.model} is not started")
         lora = self.resolve(request.model, self._table.handles)
         prompt_ids = self._prompt_ids(request)
+        if request.generated_ids and self._spent(request, len(prompt_ids)):
+            usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
+            yield FinalChunk(finish_reason="length", usage=usage)  # a spent continuation
+            return
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -225,9 +229,10 @@ class VLLMEngine(AdapterEngine):
         admit = self._gate.admit(group) if self._gate else contextlib.nullcontext()
         final: FinalChunk | None = None
         async with self._table.tracked(request.model, request_id), admit:
-            stream = self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora
-            )
+            # A continuation resumes after its tokens; vLLM's detokenizer reads the prompt's
+            # last tokens as context, so the first new token decodes as it would have.
+            tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}
+            stream = self._llm.generate(tokens, params, request_id, lora_request=lora)
             async for chunk in self._chunks(stream, request_id, len(prompt_ids)):
                 if isinstance(chunk, FinalChunk):
                     final = chunk  # yielded after leaving the gate: vLLM is done with it
@@ -236,19 +241,25 @@ class VLLMEngine(AdapterEngine):
         if final is not None:
             yield final
 
+    def _spent(self, request: GenerateRequest, prompt_tokens: int) -> bool:
+        """Whether a continuation has no token left: ``max_tokens`` or the context is used up."""
+        room = self.max_model_len - prompt_tokens - len(request.generated_ids)
+        return min(request.sampling.max_tokens, room) <= 0
+
     async def _chunks(
         self, stream: Any, request_id: str, prompt_tokens: int
     ) -> AsyncIterator[TokenChunk | FinalChunk]:
         """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
-        completion_tokens, held_tokens, reason = 0, 0, None
+        completion_tokens, reason = 0, None
+        held_ids: list[int] = []  # ids whose text vLLM has not released yet
         try:
             async for output in stream:
                 delta = output.outputs[0]
                 completion_tokens += len(delta.token_ids)
-                held_tokens += len(delta.token_ids)
+                held_ids += list(delta.token_ids)
                 if delta.text:
-                    yield TokenChunk(text=delta.text, tokens=held_tokens)
-                    held_tokens = 0
+                    yield TokenChunk(text=delta.text, tokens=len(held_ids), token_ids=held_ids)
+                    held_ids = []
                 if output.finished:
                     reason = delta.finish_reason or "stop"
         except LorafleetError:
