@@ -2,11 +2,13 @@
 
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
+    MAX_RECONNECT_BACKOFF_MS,
     EtcdClient,
     connect_etcd,
     parse_endpoint,
 )
 from discovery.errors import (
+    EtcdRefusedError,
     EtcdUnavailableError,
 )
 from discovery.keys import (
@@ -30,6 +32,11 @@ from discovery.lease import (
 from discovery.logs import (
     configure_logging,
 )
+from discovery.settings import (
+    DEFAULT_ETCD_ENDPOINTS,
+    EtcdSettings,
+    parse_endpoints,
+)
 from discovery.watch_cache import (
     WatchCache,
     WatchListener,
@@ -37,12 +44,16 @@ from discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "DEFAULT_ETCD_ENDPOINTS",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
+    "EtcdRefusedError",
+    "EtcdSettings",
     "EtcdUnavailableError",
     "INSTANCES_ROOT",
     "LeaseKeeper",
     "LeaseState",
+    "MAX_RECONNECT_BACKOFF_MS",
     "MDC_ROOT",
     "WatchCache",
     "WatchListener",
@@ -58,4 +69,5 @@ __all__ = [
     "nats_subject",
     "parse_card_key",
     "parse_endpoint",
+    "parse_endpoints",
 ]

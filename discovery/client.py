@@ -1,39 +1,101 @@
-"""Connect to etcd and translate its client's exceptions into ours at the boundary."""
+"""Connect to etcd and translate its client's exceptions into ours at the boundary.
+
+The channel is ours, not aetcd's: it spans every ``ETCD_ENDPOINTS`` member, speaks TLS
+for ``https://``, carries an auth token that is renewed when etcd forgets it, and
+reconnects within half a second of etcd's return however long it was gone.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import socket
 from collections.abc import Iterator
-from typing import Final
-from urllib.parse import urlsplit
+from typing import Any, Final
 
 import aetcd
 import grpc
-from aetcd import rpc
+from aetcd import rpc, watcher
 
-from discovery.errors import EtcdUnavailableError
+from discovery._auth import TokenInterceptor
+from discovery.errors import EtcdRefusedError, EtcdUnavailableError
+from discovery.keys import INSTANCES_ROOT
+from discovery.settings import EtcdSettings, parse_endpoints
 
-__all__ = ["ETCD_OP_TIMEOUT_S", "EtcdClient", "connect_etcd", "parse_endpoint"]
+__all__ = [
+    "ETCD_OP_TIMEOUT_S",
+    "EtcdClient",
+    "MAX_RECONNECT_BACKOFF_MS",
+    "connect_etcd",
+    "parse_endpoint",
+]
 
 ETCD_OP_TIMEOUT_S: Final = 3
 """Every etcd call fails after this long, so an unreachable etcd never hangs a request."""
 
-_DEFAULT_PORT: Final = 2379
-_CHANNEL_OPTIONS: Final = {"grpc.use_local_subchannel_pool": 1}
-"""Each client its own connections: gRPC otherwise shares them process-wide, and a new
-client would inherit another's reconnect backoff and fail at once after an etcd restart."""
+MAX_RECONNECT_BACKOFF_MS: Final = 500
+"""gRPC's reconnect backoff grows to 120 s by default: after a 90 s outage the lease
+keep-alive came back only after the TTL and the cards were gone. Capped, a channel
+reconnects within this long of etcd's return."""
+
+_CHANNEL_OPTIONS: Final = {
+    # Each client its own connections: gRPC otherwise shares them process-wide, and a new
+    # client would inherit another's reconnect backoff and fail at once after a restart.
+    "grpc.use_local_subchannel_pool": 1,
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": MAX_RECONNECT_BACKOFF_MS,
+}
+_CREDENTIALS_HINT: Final = "ETCD_AUTH_USERNAME and ETCD_AUTH_PASSWORD"
+_TLS_HINT: Final = (
+    "ETCD_AUTH_CA (the CA that signed etcd's certificate), ETCD_AUTH_CLIENT_CERT and "
+    "ETCD_AUTH_CLIENT_KEY"
+)
+_ROLE_HINT: Final = (
+    f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {INSTANCES_ROOT.split('/')[0]}/)"
+)
+_TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
 
 
 class EtcdClient(aetcd.Client):
-    """An ``aetcd.Client`` that remembers its endpoint for error messages."""
+    """An ``aetcd.Client`` on our channel (members, TLS, token); errors name its endpoints."""
 
-    endpoint: str
+    def __init__(self, settings: EtcdSettings, *, timeout_s: int = ETCD_OP_TIMEOUT_S) -> None:
+        super().__init__(timeout=timeout_s)
+        self.settings = settings
+        self.endpoint = settings.describe()
+        self._tokens = (
+            TokenInterceptor(settings.username, settings.password, timeout_s)
+            if settings.username is not None and settings.password is not None
+            else None
+        )
+
+    async def connect(self) -> None:
+        """Open the channel and its stubs (no I/O: gRPC connects on the first call)."""
+        if self._connected.is_set():
+            return
+        self.channel = _open_channel(self.settings, self._tokens)
+        if self._tokens is not None:
+            self._tokens.bind(self.channel)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
+        self._connected.set()
+
+    async def authenticate(self) -> None:
+        """Fetch an auth token now (when a user is configured), so bad credentials show at once."""
+        await self.connect()
+        if self._tokens is not None:
+            await self._tokens.token()
 
     @contextlib.contextmanager
     def errors(self, operation: str, key: str = "") -> Iterator[None]:
         """Turn any etcd client failure inside the block into ``EtcdUnavailableError``.
 
+        Refusals (password, role, certificate) become the permanent ``EtcdRefusedError``.
         A task cancelled during the call stays cancelled: gRPC sometimes reports a call
         cancelled under it as failed (UNAVAILABLE while etcd is down), and a retry loop
         that took that for an etcd error never ended (CI hung in ``LeaseKeeper.aclose``).
@@ -45,9 +107,32 @@ class EtcdClient(aetcd.Client):
         except (TimeoutError, aetcd.ClientError, grpc.RpcError, OSError) as exc:
             if task is not None and task.cancelling() > cancels_before:
                 raise asyncio.CancelledError from exc
-            raise EtcdUnavailableError(
-                endpoint=self.endpoint, operation=operation, key=key, reason=_reason(exc)
-            ) from exc
+            raise self._translate(exc, operation, key) from exc
+
+    def _translate(self, exc: BaseException, operation: str, key: str) -> EtcdUnavailableError:
+        code, reason = _status(exc)
+        check = self._refusal_hint(code, reason.lower())
+        if check is not None:
+            return EtcdRefusedError(
+                endpoint=self.endpoint, operation=operation, reason=reason, check=check
+            )
+        if "invalid auth token" in reason and self._tokens is not None:
+            self._tokens.forget()  # etcd restarted or the token idled out: log in again
+        return EtcdUnavailableError(
+            endpoint=self.endpoint, operation=operation, key=key, reason=reason
+        )
+
+    def _refusal_hint(self, code: grpc.StatusCode | None, reason: str) -> str | None:
+        """Which variables to check when etcd refused us for good, else None."""
+        if "invalid auth token" in reason:
+            return None
+        if "authentication failed" in reason or "user name is empty" in reason:
+            return _CREDENTIALS_HINT
+        if code is grpc.StatusCode.PERMISSION_DENIED or "permission denied" in reason:
+            return _ROLE_HINT
+        if self.settings.tls and any(marker in reason for marker in _TLS_MARKERS):
+            return _TLS_HINT
+        return None
 
     async def keep_lease_alive(self, lease_id: int) -> int:
         """Refresh the lease once and return the TTL etcd gave it (<= 0: the lease is gone).
@@ -71,24 +156,95 @@ class EtcdClient(aetcd.Client):
 
 def parse_endpoint(endpoints: str) -> tuple[str, int]:
     """Return host and port of the first of comma-separated ``ETCD_ENDPOINTS`` URLs."""
-    first = endpoints.split(",")[0].strip()
-    parsed = urlsplit(first if "://" in first else f"http://{first}")
-    if not parsed.hostname:
-        raise ValueError(f"ETCD_ENDPOINTS {endpoints!r} names no host (e.g. http://127.0.0.1:2379)")
-    return parsed.hostname, parsed.port or _DEFAULT_PORT
+    return EtcdSettings(endpoints=parse_endpoints(endpoints)).host_ports[0]
 
 
-async def connect_etcd(endpoints: str, *, timeout_s: int = ETCD_OP_TIMEOUT_S) -> EtcdClient:
-    """Connect to etcd and check it answers; raises ``EtcdUnavailableError`` otherwise."""
-    host, port = parse_endpoint(endpoints)
-    client = EtcdClient(host=host, port=port, timeout=timeout_s, options=_CHANNEL_OPTIONS)
-    client.endpoint = f"{host}:{port}"
-    with client.errors("connect"):
-        await client.connect()
-        await client.status()
+async def connect_etcd(
+    settings: EtcdSettings | str, *, timeout_s: int = ETCD_OP_TIMEOUT_S
+) -> EtcdClient:
+    """Connect once and check etcd answers and lets us read; raises ``EtcdUnavailableError``.
+
+    One attempt, no retry: callers that want to wait for etcd loop around it and stop
+    on ``EtcdRefusedError`` (``permanent``). A plain string is ``ETCD_ENDPOINTS`` alone.
+    """
+    if isinstance(settings, str):
+        settings = EtcdSettings(endpoints=parse_endpoints(settings))
+    client = EtcdClient(settings, timeout_s=timeout_s)
+    try:
+        with client.errors("connect"):
+            await client.authenticate()
+            await client.status()
+            await client.get(INSTANCES_ROOT.encode())  # needs the read permission auth grants
+    except BaseException:
+        await client.close()
+        raise
     return client
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200]
+def _open_channel(settings: EtcdSettings, tokens: TokenInterceptor | None) -> grpc.aio.Channel:
+    target, options = _target(settings)
+    interceptors = [tokens] if tokens is not None else None
+    all_options = list({**_CHANNEL_OPTIONS, **options}.items())
+    if not settings.tls:
+        return grpc.aio.insecure_channel(target, options=all_options, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        target, _tls_credentials(settings), options=all_options, interceptors=interceptors
+    )
+
+
+def _tls_credentials(settings: EtcdSettings) -> grpc.ChannelCredentials:
+    def read(path: Any) -> bytes | None:
+        return path.read_bytes() if path is not None else None
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(settings.ca_path),
+        private_key=read(settings.client_key_path),
+        certificate_chain=read(settings.client_cert_path),
+    )
+
+
+def _target(settings: EtcdSettings) -> tuple[str, dict[str, Any]]:
+    """One gRPC target for all members: gRPC's pick_first fails over between them.
+
+    A list of DNS names is resolved here, once per connect: gRPC's static address
+    lists take IP addresses only. TLS checks every member's certificate against the
+    first endpoint's host name, as etcd's own clients do with one shared server name.
+    """
+    pairs = settings.host_ports
+    if len(pairs) == 1:
+        host, port = pairs[0]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}", {}
+    addresses = [address for host, port in pairs for address in _resolve(host, port)]
+    ipv6 = [a for a in addresses if a.startswith("[")]
+    if ipv6 and len(ipv6) != len(addresses):
+        raise ValueError(f"ETCD_ENDPOINTS {settings.describe()} mix IPv4 and IPv6 members")
+    target = ("ipv6:" if ipv6 else "ipv4:") + ",".join(dict.fromkeys(addresses))
+    options = {"grpc.default_authority": pairs[0][0]}
+    if settings.tls:
+        options["grpc.ssl_target_name_override"] = pairs[0][0]
+    return target, options
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return [_address(ipaddress.ip_address(info[4][0]), port) for info in infos]
+    return [_address(ip, port)]
+
+
+def _address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
+    """The gRPC status code (when there is one) and a one-line reason."""
+    rpc_error = next((e for e in (exc, exc.__cause__) if isinstance(e, grpc.aio.AioRpcError)), None)
+    if rpc_error is not None:
+        return rpc_error.code(), _one_line(rpc_error.details() or rpc_error.code().name)
+    return None, _one_line(str(exc) or type(exc).__name__)
+
+
+def _one_line(text: str) -> str:
+    return text.splitlines()[0][:300] if text else ""

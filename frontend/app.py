@@ -76,7 +76,7 @@ async def _start_services(
     stack.push_async_callback(nc.close)
     plane = await RequestPlane.start(nc)
     stack.push_async_callback(plane.aclose)
-    etcd = await connect_etcd(config.etcd_endpoints)
+    etcd = await connect_etcd(config.etcd)
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)

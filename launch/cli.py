@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+
 __all__ = ["main"]
 
 
@@ -33,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     lora.add_argument("name", nargs="?")
     lora.add_argument("uri", nargs="?")
     lora.add_argument("--worker", action="append", help="a worker's status URL (repeatable)")
-    lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
+    lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
     lora.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     lora.add_argument("--base-model", help="apply: the base model the adapter was trained for")
     lora.add_argument("--replicas", type=_replicas, default=1,
@@ -113,5 +115,6 @@ def _lora(args: argparse.Namespace) -> int:
     if args.action == "load" and not args.uri:
         print("lorafleet lora load needs a NAME and a URI (file://, s3://, ...)", file=sys.stderr)
         return 2
-    workers = args.worker or discover(args.etcd_endpoints, args.namespace)
+    etcd = EtcdSettings.from_env(endpoints=args.etcd_endpoints)
+    workers = args.worker or discover(etcd, args.namespace)
     return lora_command(args.action, name=args.name, uri=args.uri, workers=workers)

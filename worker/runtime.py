@@ -54,7 +54,7 @@ class WorkerRuntime:
         """Start, serve until stopped, shut down; raises if a start-up step fails."""
         cfg = self.config
         nc = await nats.connect(cfg.nats_server, name=f"worker-{os.getpid()}")
-        etcd = await connect_etcd(cfg.etcd_endpoints)
+        etcd = await connect_etcd(cfg.etcd)
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
         status_server: StatusServer | None = None
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from proto.discovery import decode_card
 from proto.placement import rendezvous_order
@@ -190,7 +191,9 @@ async def test_a_load_that_never_answers_times_out_with_503(
 ) -> None:
     mute_to_updates = await StandInWorker(nats_url, etcd, namespace, "demo").start()
     workers.append(mute_to_updates)  # answers pings, never load_lora
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, on_demand_timeout_s=0.5)  # fmt: skip
     async with run_frontend(config) as running:
         await wait_for_models(running, {"demo"})
