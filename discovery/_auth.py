@@ -14,9 +14,17 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-__all__ = ["TokenInterceptor"]
+__all__ = ["TokenInterceptor", "is_stale_token"]
 
 _AUTHENTICATE_METHOD = "/etcdserverpb.Auth/Authenticate"
+_STALE_TOKEN = "invalid auth token"
+
+
+def is_stale_token(exc: BaseException) -> bool:
+    """Whether etcd refused a call only because it no longer knows the token."""
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return _STALE_TOKEN in (details or "")
+
 
 Continuation = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
 
@@ -68,6 +76,18 @@ class TokenInterceptor(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
         request: Any,
     ) -> Any:  # fmt: skip
+        """Send the call with the token; once more with a new token if etcd forgot the old one.
+
+        etcd forgets every simple token when it restarts, yet keep-alives need none: a
+        lease kept alive across a restart met the stale token first on its next put.
+        """
+        call = await continuation(await self._details(client_call_details), request)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNAUTHENTICATED or not is_stale_token(exc):
+                raise
+        self.forget()
         return await continuation(await self._details(client_call_details), request)
 
     async def intercept_unary_stream(

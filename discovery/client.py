@@ -18,7 +18,7 @@ import aetcd
 import grpc
 from aetcd import rpc, watcher
 
-from discovery._auth import TokenInterceptor
+from discovery._auth import TokenInterceptor, is_stale_token
 from discovery.errors import EtcdRefusedError, EtcdUnavailableError
 from discovery.keys import INSTANCES_ROOT
 from discovery.settings import EtcdSettings, parse_endpoints
@@ -56,6 +56,7 @@ _ROLE_HINT: Final = (
     f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {INSTANCES_ROOT.split('/')[0]}/)"
 )
 _TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
+_STALE_TOKEN_TEXT: Final = "invalid auth token"
 
 
 class EtcdClient(aetcd.Client):
@@ -116,7 +117,7 @@ class EtcdClient(aetcd.Client):
             return EtcdRefusedError(
                 endpoint=self.endpoint, operation=operation, reason=reason, check=check
             )
-        if "invalid auth token" in reason and self._tokens is not None:
+        if self._tokens is not None and is_stale_token(exc.__cause__ or exc):
             self._tokens.forget()  # etcd restarted or the token idled out: log in again
         return EtcdUnavailableError(
             endpoint=self.endpoint, operation=operation, key=key, reason=reason
@@ -124,7 +125,7 @@ class EtcdClient(aetcd.Client):
 
     def _refusal_hint(self, code: grpc.StatusCode | None, reason: str) -> str | None:
         """Which variables to check when etcd refused us for good, else None."""
-        if "invalid auth token" in reason:
+        if _STALE_TOKEN_TEXT in reason:
             return None
         if "authentication failed" in reason or "user name is empty" in reason:
             return _CREDENTIALS_HINT

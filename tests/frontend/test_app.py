@@ -265,7 +265,6 @@ async def test_health_follows_the_nats_connection(etcd_url, namespace, tmp_path)
     own_nats = start_nats(tmp_path / "nats")
     config = FrontendConfig(namespace=namespace,
                             etcd=EtcdSettings.from_endpoints(etcd_url),
-
                             nats_server=own_nats.url, dispatch=FAST_DISPATCH)  # fmt: skip
     try:
         async with run_frontend(config) as frontend:
@@ -286,7 +285,7 @@ def test_unreachable_etcd_stops_the_frontend_with_one_clear_line(nats_url) -> No
     )  # fmt: skip
     assert done.returncode == 1
     assert "frontend cannot start" in done.stderr
-    assert f"etcd at 127.0.0.1:{etcd_port} is unavailable" in done.stderr
+    assert f"etcd at http://127.0.0.1:{etcd_port} is unavailable" in done.stderr
     assert "ETCD_ENDPOINTS" in done.stderr  # what to check
     assert "Traceback" not in done.stderr
 
