@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--system-port", type=int, default=9345, help="first worker's status port")
     up.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     up.add_argument("--state-dir", type=Path, default=Path(".lorafleet"))
+    up.add_argument("--secure", action="store_true",
+                    help="generate certificates and users under STATE_DIR/secure; "
+                         "etcd with TLS and auth")  # fmt: skip
     commands.add_parser("worker", help="run a worker (same flags as python -m worker)")
     commands.add_parser("frontend", help="run a frontend (same flags as python -m frontend)")
     lora = commands.add_parser(
@@ -87,7 +90,7 @@ def _up(args: argparse.Namespace) -> int:
     options = ClusterOptions(
         engine=args.engine, model=args.model, served_model_name=args.served_model_name,
         workers=args.workers, http_port=args.http_port, system_port=args.system_port,
-        namespace=args.namespace, state_dir=args.state_dir,
+        namespace=args.namespace, state_dir=args.state_dir, secure=args.secure,
     )  # fmt: skip
     return run_cluster(options)
 
