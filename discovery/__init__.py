@@ -5,7 +5,6 @@ from discovery.client import (
     MAX_RECONNECT_BACKOFF_MS,
     EtcdClient,
     connect_etcd,
-    parse_endpoint,
 )
 from discovery.errors import (
     EtcdRefusedError,
@@ -68,6 +67,5 @@ __all__ = [
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
-    "parse_endpoint",
     "parse_endpoints",
 ]

@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import aetcd
@@ -28,7 +29,6 @@ __all__ = [
     "EtcdClient",
     "MAX_RECONNECT_BACKOFF_MS",
     "connect_etcd",
-    "parse_endpoint",
 ]
 
 ETCD_OP_TIMEOUT_S: Final = 3
@@ -155,11 +155,6 @@ class EtcdClient(aetcd.Client):
             call.cancel()
 
 
-def parse_endpoint(endpoints: str) -> tuple[str, int]:
-    """Return host and port of the first of comma-separated ``ETCD_ENDPOINTS`` URLs."""
-    return EtcdSettings(endpoints=parse_endpoints(endpoints)).host_ports[0]
-
-
 async def connect_etcd(
     settings: EtcdSettings | str, *, timeout_s: int = ETCD_OP_TIMEOUT_S
 ) -> EtcdClient:
@@ -194,7 +189,7 @@ def _open_channel(settings: EtcdSettings, tokens: TokenInterceptor | None) -> gr
 
 
 def _tls_credentials(settings: EtcdSettings) -> grpc.ChannelCredentials:
-    def read(path: Any) -> bytes | None:
+    def read(path: Path | None) -> bytes | None:
         return path.read_bytes() if path is not None else None
 
     return grpc.ssl_channel_credentials(

@@ -7,7 +7,6 @@ variables. The names are NVIDIA Dynamo's, so operators can move between the two.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -133,16 +132,6 @@ class EtcdSettings:
             parsed = urlsplit(url)
             pairs.append((parsed.hostname or "", parsed.port or _DEFAULT_PORT))
         return tuple(pairs)
-
-    @property
-    def all_ip_literals(self) -> bool:
-        """Whether every endpoint host is an IP address (no DNS name)."""
-        try:
-            for host, _ in self.host_ports:
-                ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return True
 
     def describe(self) -> str:
         """The endpoints as one string for error messages (no credentials in it)."""

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from discovery.client import connect_etcd
+from discovery.errors import EtcdUnavailableError
+from launch.local_servers import free_port
 from tests.etcd_scenarios import leader_kills_under_load
 
 pytestmark = pytest.mark.slow
@@ -24,3 +27,15 @@ async def test_killing_the_etcd_leader_under_load_loses_no_record_lease_or_reque
     load = await leader_kills_under_load(tmp_path, nats_url, namespace, kills=1, load_s=4)
     assert load.sent > 50  # the load really ran
     assert load.failed <= MAX_FAILED_FRACTION * load.sent, load.errors[:5]
+
+
+async def test_a_dead_first_member_is_skipped_and_errors_name_every_endpoint(
+    etcd_url: str,
+) -> None:
+    dead = f"http://localhost:{free_port()}"  # a DNS name, resolved at connect
+    etcd = await connect_etcd(f"{dead},{etcd_url}")
+    assert await etcd.status()
+    await etcd.close()
+    also_dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EtcdUnavailableError, match=f"etcd at {dead},{also_dead} is unavailable"):
+        await connect_etcd(f"{dead},{also_dead}")
