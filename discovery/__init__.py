@@ -1,5 +1,6 @@
 """The etcd side: connection, lease, records bound to it, key layout and a watch cache."""
 
+from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,

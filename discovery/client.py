@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,7 @@ _ROLE_HINT: Final = (
 )
 _TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
 _STALE_TOKEN_TEXT: Final = "invalid auth token"
+_OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
 
 
 class EtcdClient(aetcd.Client):
@@ -243,4 +245,9 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
 
 
 def _one_line(text: str) -> str:
-    return text.splitlines()[0][:300] if text else ""
+    """The first line, with a TLS failure cut to what OpenSSL said (gRPC wraps it thrice)."""
+    first = text.splitlines()[0] if text else ""
+    openssl = _OPENSSL_REASON.search(first)
+    if openssl is not None and "handshake" in first.lower():
+        return f"TLS handshake failed: {openssl.group(1)}"
+    return first[:300]
