@@ -2,8 +2,9 @@
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
-a command line. The admin token comes only from ``DYN_ADMIN_TOKEN`` (never a
-flag: command lines are visible to every user of the machine).
+a command line. The admin token comes only from ``DYN_ADMIN_TOKEN``, the
+workers' token only from ``DYN_SYSTEM_AUTH_TOKEN`` (never flags: command lines
+are visible to every user of the machine).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
         dispatch=DispatchSettings(stall_s=args.stall_timeout_s, max_attempts=args.max_attempts),
         on_demand_timeout_s=args.on_demand_timeout_s,
         admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
+        worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
     )
 
 

@@ -86,6 +86,7 @@ async def _start_services(
     loader = OnDemandLoader(
         registry, plane, app.state.metrics,
         timeout_s=config.on_demand_timeout_s, settings=config.dispatch,
+        worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader)

@@ -30,7 +30,7 @@ class FrontendConfig:
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
         FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
-        FrontendConfig(admin_token="s3cret", on_demand_timeout_s=120)
+        FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
     """
 
     namespace: str = DEFAULT_NAMESPACE
@@ -45,6 +45,8 @@ class FrontendConfig:
     """How long a request for a cold adapter waits for its on-demand load."""
     admin_token: str | None = field(default=None, repr=False)
     """Bearer token the mutating ``/v1/adapters`` routes require (``DYN_ADMIN_TOKEN``)."""
+    worker_token: str | None = field(default=None, repr=False)
+    """The workers' ``DYN_SYSTEM_AUTH_TOKEN``, sent with on-demand loads over NATS."""
 
     def __post_init__(self) -> None:
         if not self.namespace or "/" in self.namespace or "." in self.namespace:

@@ -12,7 +12,8 @@ Hierarchy::
     ├── BaseModelUnavailableError  a cold adapter's base model has no instance   503
     └── LoadTimeoutError         an on-demand adapter load took too long         503
     proto.errors.UpstreamError
-    └── WorkerError              a worker answered with an error                 502
+    ├── WorkerError              a worker answered with an error                 502
+    └── LoadUnauthorizedError    a worker refused this frontend's token          502
     proto.errors.LorafleetError
     └── ClientGoneError          the client hung up before a whole answer        499
 
@@ -43,6 +44,7 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
     "LoadTimeoutError",
+    "LoadUnauthorizedError",
     "ModelNotFoundError",
     "NoLiveInstanceError",
     "OPENAI_TYPE_BY_STATUS",
@@ -194,3 +196,18 @@ class WorkerError(UpstreamError):
         """502, or the worker error's own status when the caller is at fault (4xx)."""
         own = http_status(self.error.code)
         return own if 400 <= own < 500 else 502
+
+
+class LoadUnauthorizedError(UpstreamError):
+    """A worker refused an on-demand load for want of its token: the operator's fault, not
+    the client's, hence 502 and not 401."""
+
+    param = "model"
+
+    def __init__(self, adapter: str, instance_id: int) -> None:
+        self.adapter = adapter
+        self.instance_id = instance_id
+        super().__init__(
+            f"Adapter {adapter!r} could not be loaded: worker instance {instance_id:x} refused "
+            "this frontend's token; set the frontend's DYN_SYSTEM_AUTH_TOKEN to the workers'"
+        )

@@ -155,13 +155,16 @@ class RequestPlane:
         """How many requests wait for replies right now."""
         return len(self._replies)
 
-    async def open(self, subject: str, message: msgspec.Struct) -> Reply:
-        """Publish ``message`` to ``subject`` with a fresh reply subject and return it."""
+    async def open(
+        self, subject: str, message: msgspec.Struct, *, headers: dict[str, str] | None = None
+    ) -> Reply:
+        """Publish ``message`` (with NATS ``headers``) to ``subject`` with a fresh reply subject."""
         token = format(next(self._tokens), "x")
         reply = Reply(self, token, self._inbox + token)
         self._replies[token] = reply
         try:
-            await self.nc.publish(subject, encode_msg(message), reply=reply.subject)
+            data = encode_msg(message)
+            await self.nc.publish(subject, data, reply=reply.subject, headers=headers)
         except Exception as exc:
             reply.close()
             raise UnavailableError(f"cannot publish to NATS subject {subject!r}: {exc}") from exc

@@ -15,6 +15,8 @@ from proto.adapters import (
     validate_lora_name,
 )
 from proto.auth import (
+    AUTHORIZATION_HEADER,
+    bearer_header,
     bearer_token_accepted,
 )
 from proto.backoff import (
@@ -94,10 +96,12 @@ from proto.placement import (
     rendezvous_order,
 )
 from proto.uris import (
+    public_uri,
     redact_uri,
 )
 
 __all__ = [
+    "AUTHORIZATION_HEADER",
     "AdapterList",
     "AdapterSpec",
     "AdapterStatus",
@@ -156,6 +160,7 @@ __all__ = [
     "Usage",
     "UsageInfo",
     "backoff_s",
+    "bearer_header",
     "bearer_token_accepted",
     "chosen_instances",
     "decode_adapter_spec",
@@ -170,6 +175,7 @@ __all__ = [
     "http_status",
     "lora_id",
     "lora_slug",
+    "public_uri",
     "redact_uri",
     "rendezvous_order",
     "validate_adapter_spec",

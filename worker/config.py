@@ -50,7 +50,8 @@ class WorkerConfig:
     shutdown_grace_s: float = 10.0
     lora_enabled: bool = False
     """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    """``DYN_SYSTEM_AUTH_TOKEN``: guards LoRA writes over HTTP and every update over NATS."""
     lora_idle_unload_s: float = 300.0
     """An adapter loaded on demand and not placed here is unloaded after this long idle."""
 

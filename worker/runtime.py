@@ -58,7 +58,9 @@ class WorkerRuntime:
         lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
         status_server: StatusServer | None = None
         try:
-            endpoint = Endpoint(nc, lease, self._address(lease.lease_id))
+            endpoint = Endpoint(
+                nc, lease, self._address(lease.lease_id), update_token=cfg.auth_token
+            )
             await endpoint.serve()
             status = StatusState(
                 self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token

@@ -27,7 +27,7 @@ from proto.adapters import (
 )
 from proto.errors import ConflictError, NotFoundError
 from proto.openai import OpenAIErrorResponse
-from proto.uris import redact_uri
+from proto.uris import public_uri
 
 __all__ = ["AdaptersController", "adapter_status"]
 
@@ -48,12 +48,13 @@ NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
 def adapter_status(
     spec: AdapterSpec, registry: ModelRegistry, warnings: list[str] | None = None
 ) -> AdapterStatus:
-    """``spec`` with its URI redacted and the hex ids of the live instances that have it."""
+    """``spec`` with its URI as anyone may see it (``public_uri``) and the hex ids of the live
+    instances that have it."""
     served = registry.get(spec.name)
     holders = served.instances if served is not None and served.parent is not None else ()
     return AdapterStatus(
         name=spec.name, base_model=spec.base_model,
-        source=LoraSource(uri=redact_uri(spec.source.uri)),
+        source=LoraSource(uri=public_uri(spec.source.uri)),
         replicas=spec.replicas, pinned=spec.pinned,
         instances=[f"{instance.instance_id:x}" for instance in holders], warnings=warnings or [],
     )  # fmt: skip

@@ -35,7 +35,8 @@ class LoraSourceError(LorafleetError):
     """An adapter URI could not be resolved to a local directory.
 
     ``uri`` is stored without secrets; ``failures`` holds the per-source errors
-    when several sources were tried.
+    when several sources were tried. ``reason`` travels as a field of its own, so a
+    frontend can tell a client why without the URI or the operator's hint.
     """
 
     def __init__(
@@ -51,7 +52,7 @@ class LoraSourceError(LorafleetError):
         self.hint = hint
         self.failures = failures
         message = f"LoRA source {self.uri}: {reason}"
-        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri)
+        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri, reason=reason)
 
 
 class LoraInvalidUriError(LoraSourceError, InvalidRequestError):
