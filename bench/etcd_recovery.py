@@ -124,7 +124,7 @@ async def _records(etcd: EtcdClient, prefix: str) -> dict[str, int]:
 
 
 async def _kill_leader(etcd_cluster: EtcdCluster, probe: _KeepAliveProbe) -> dict[str, float]:
-    leader = etcd_cluster.wait_for_leader()
+    leader = await asyncio.to_thread(etcd_cluster.wait_for_leader)
     killed = time.perf_counter()
     leader.stop(kill=True)
     await asyncio.to_thread(etcd_cluster.wait_for_leader, 60.0)

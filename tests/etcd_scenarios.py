@@ -160,7 +160,7 @@ async def leader_kills_under_load(
     the next kill. Returns the load's counts; the caller bounds the failures.
     """
     cluster = await asyncio.to_thread(start_etcd_cluster, tmp_path / "etcd")
-    leader = cluster.wait_for_leader()
+    leader = await asyncio.to_thread(cluster.wait_for_leader)
     endpoints = ",".join([leader.url, *(m.url for m in cluster.members if m is not leader)])
     fleet = await start_fleet(
         tmp_path, etcd_endpoints=endpoints, nats_url=nats_url, namespace=namespace,
@@ -190,7 +190,7 @@ async def leader_kills_under_load(
 
 async def _kill_leader(cluster: EtcdCluster, load_s: float) -> None:
     await asyncio.sleep(load_s / 2)  # load before the kill: the fault's timing, not a wait
-    leader = cluster.wait_for_leader()
+    leader = await asyncio.to_thread(cluster.wait_for_leader)
     leader.stop(kill=True)
     await asyncio.to_thread(cluster.wait_for_leader)
     await asyncio.sleep(load_s / 2)  # load after the new leader was elected
