@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from aetcd import rpc
@@ -26,7 +26,8 @@ def is_stale_token(exc: BaseException) -> bool:
     return _STALE_TOKEN in (details or "")
 
 
-Continuation = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
+Continuation: TypeAlias = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
+"""gRPC's next step for a call: ``continuation(details, request)`` starts it."""
 
 
 class TokenInterceptor(
