@@ -4,6 +4,7 @@ from discovery import _grpc_env  # noqa: F401  (first: before anything imports g
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
+    RERESOLVE_INTERVAL_S,
     EtcdClient,
     connect_etcd,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "LeaseState",
     "MAX_RECONNECT_BACKOFF_MS",
     "MDC_ROOT",
+    "RERESOLVE_INTERVAL_S",
     "WatchCache",
     "WatchListener",
     "adapter_key",

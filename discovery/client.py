@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import re
-import socket
+import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Final
 
 import aetcd
 import grpc
+import structlog
 from aetcd import rpc, watcher
 
 from discovery._auth import TokenInterceptor, is_stale_token
+from discovery._channel import (
+    MAX_RECONNECT_BACKOFF_MS,
+    ChannelPlan,
+    Resolver,
+    needs_resolving,
+    open_channel,
+    plan_channel,
+    resolve_host,
+)
 from discovery.errors import EtcdRefusedError, EtcdUnavailableError
 from discovery.keys import INSTANCES_ROOT
 from discovery.settings import EtcdSettings, parse_endpoints
@@ -29,25 +37,19 @@ __all__ = [
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
     "MAX_RECONNECT_BACKOFF_MS",
+    "RERESOLVE_INTERVAL_S",
     "connect_etcd",
 ]
+
+log = structlog.get_logger(__name__)
 
 ETCD_OP_TIMEOUT_S: Final = 3
 """Every etcd call fails after this long, so an unreachable etcd never hangs a request."""
 
-MAX_RECONNECT_BACKOFF_MS: Final = 500
-"""gRPC's reconnect backoff grows to 120 s by default: after a 90 s outage the lease
-keep-alive came back only after the TTL and the cards were gone. Capped, a channel
-reconnects within this long of etcd's return."""
+RERESOLVE_INTERVAL_S: Final = 2.0
+"""While no member answers, look their names up again at most this often: a member that
+moved (a new pod, a new container) has a new address under its old name."""
 
-_CHANNEL_OPTIONS: Final = {
-    # Each client its own connections: gRPC otherwise shares them process-wide, and a new
-    # client would inherit another's reconnect backoff and fail at once after a restart.
-    "grpc.use_local_subchannel_pool": 1,
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": MAX_RECONNECT_BACKOFF_MS,
-}
 _CREDENTIALS_HINT: Final = "ETCD_AUTH_USERNAME and ETCD_AUTH_PASSWORD"
 _TLS_HINT: Final = (
     "ETCD_AUTH_CA (the CA that signed etcd's certificate), ETCD_AUTH_CLIENT_CERT and "
@@ -58,13 +60,17 @@ _ROLE_HINT: Final = (
 )
 _TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
 _STALE_TOKEN_TEXT: Final = "invalid auth token"
+_NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
 _OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
 
 
 class EtcdClient(aetcd.Client):
     """An ``aetcd.Client`` on our channel (members, TLS, token); errors name its endpoints."""
 
-    def __init__(self, settings: EtcdSettings, *, timeout_s: int = ETCD_OP_TIMEOUT_S) -> None:
+    def __init__(
+        self, settings: EtcdSettings, *, timeout_s: int = ETCD_OP_TIMEOUT_S,
+        resolve: Resolver = resolve_host,
+    ) -> None:  # fmt: skip
         super().__init__(timeout=timeout_s)
         self.settings = settings
         self.endpoint = settings.describe()
@@ -73,12 +79,42 @@ class EtcdClient(aetcd.Client):
             if settings.username is not None and settings.password is not None
             else None
         )
+        self._resolve = resolve
+        self._plan: ChannelPlan | None = None
+        self._no_member_answers = False
+        self._resolved_at_s = 0.0
+        self._connect_lock = asyncio.Lock()
+        self._retired: list[tuple[Any, Any]] = []
 
     async def connect(self) -> None:
-        """Open the channel and its stubs (no I/O: gRPC connects on the first call)."""
-        if self._connected.is_set():
+        """Open the channel and its stubs; a new channel when the members' names moved.
+
+        No I/O but a DNS lookup: gRPC connects on the first call.
+        """
+        if self._connected.is_set() and not self._resolve_due():
             return
-        self.channel = _open_channel(self.settings, self._tokens)
+        async with self._connect_lock:
+            if self._connected.is_set() and not self._resolve_due():
+                return
+            self._no_member_answers = False
+            self._resolved_at_s = time.monotonic()
+            plan = await asyncio.to_thread(plan_channel, self.settings, self._resolve)
+            if plan != self._plan:
+                self._open(plan)
+
+    def _resolve_due(self) -> bool:
+        return (
+            self._no_member_answers
+            and needs_resolving(self.settings)
+            and time.monotonic() - self._resolved_at_s >= RERESOLVE_INTERVAL_S
+        )
+
+    def _open(self, plan: ChannelPlan) -> None:
+        if self._plan is not None:  # calls still on the old channel fail and are retried
+            self._retired.append((self.channel, self._watcher))
+            log.info("etcd members moved; new channel", endpoints=self.endpoint, to=plan.target)
+        self._plan = plan
+        self.channel = open_channel(self.settings, plan, self._tokens)
         if self._tokens is not None:
             self._tokens.bind(self.channel)
         self.kvstub = rpc.KVStub(self.channel)
@@ -87,6 +123,14 @@ class EtcdClient(aetcd.Client):
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
         self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
         self._connected.set()
+
+    async def close(self) -> None:
+        """Close the channel, and any channel left behind when the members moved."""
+        for channel, old_watcher in self._retired:
+            await old_watcher.shutdown()
+            await channel.close()
+        self._retired.clear()
+        await super().close()
 
     async def authenticate(self) -> None:
         """Fetch an auth token now (when a user is configured), so bad credentials show at once."""
@@ -121,6 +165,8 @@ class EtcdClient(aetcd.Client):
             )
         if self._tokens is not None and is_stale_token(exc.__cause__ or exc):
             self._tokens.forget()  # etcd restarted or the token idled out: log in again
+        if _NO_MEMBER_TEXT in reason:
+            self._no_member_answers = True  # the next call may look the names up again
         return EtcdUnavailableError(
             endpoint=self.endpoint, operation=operation, key=key, reason=reason
         )
@@ -158,8 +204,9 @@ class EtcdClient(aetcd.Client):
 
 
 async def connect_etcd(
-    settings: EtcdSettings | str, *, timeout_s: int = ETCD_OP_TIMEOUT_S
-) -> EtcdClient:
+    settings: EtcdSettings | str, *, timeout_s: int = ETCD_OP_TIMEOUT_S,
+    resolve: Resolver = resolve_host,
+) -> EtcdClient:  # fmt: skip
     """Connect once and check etcd answers and lets us read; raises ``EtcdUnavailableError``.
 
     One attempt, no retry: callers that want to wait for etcd loop around it and stop
@@ -167,7 +214,7 @@ async def connect_etcd(
     """
     if isinstance(settings, str):
         settings = EtcdSettings(endpoints=parse_endpoints(settings))
-    client = EtcdClient(settings, timeout_s=timeout_s)
+    client = EtcdClient(settings, timeout_s=timeout_s, resolve=resolve)
     try:
         with client.errors("connect"):
             await client.authenticate()
@@ -177,63 +224,6 @@ async def connect_etcd(
         await client.close()
         raise
     return client
-
-
-def _open_channel(settings: EtcdSettings, tokens: TokenInterceptor | None) -> grpc.aio.Channel:
-    target, options = _target(settings)
-    interceptors = [tokens] if tokens is not None else None
-    all_options = list({**_CHANNEL_OPTIONS, **options}.items())
-    if not settings.tls:
-        return grpc.aio.insecure_channel(target, options=all_options, interceptors=interceptors)
-    return grpc.aio.secure_channel(
-        target, _tls_credentials(settings), options=all_options, interceptors=interceptors
-    )
-
-
-def _tls_credentials(settings: EtcdSettings) -> grpc.ChannelCredentials:
-    def read(path: Path | None) -> bytes | None:
-        return path.read_bytes() if path is not None else None
-
-    return grpc.ssl_channel_credentials(
-        root_certificates=read(settings.ca_path),
-        private_key=read(settings.client_key_path),
-        certificate_chain=read(settings.client_cert_path),
-    )
-
-
-def _target(settings: EtcdSettings) -> tuple[str, dict[str, Any]]:
-    """One gRPC target for all members: gRPC's pick_first fails over between them.
-
-    A list of DNS names is resolved here, once per connect: gRPC's static address
-    lists take IP addresses only. TLS checks every member's certificate against the
-    first endpoint's host name, as etcd's own clients do with one shared server name.
-    """
-    pairs = settings.host_ports
-    if len(pairs) == 1:
-        host, port = pairs[0]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}", {}
-    addresses = [address for host, port in pairs for address in _resolve(host, port)]
-    ipv6 = [a for a in addresses if a.startswith("[")]
-    if ipv6 and len(ipv6) != len(addresses):
-        raise ValueError(f"ETCD_ENDPOINTS {settings.describe()} mix IPv4 and IPv6 members")
-    target = ("ipv6:" if ipv6 else "ipv4:") + ",".join(dict.fromkeys(addresses))
-    options = {"grpc.default_authority": pairs[0][0]}
-    if settings.tls:
-        options["grpc.ssl_target_name_override"] = pairs[0][0]
-    return target, options
-
-
-def _resolve(host: str, port: int) -> list[str]:
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [_address(ipaddress.ip_address(info[4][0]), port) for info in infos]
-    return [_address(ip, port)]
-
-
-def _address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:

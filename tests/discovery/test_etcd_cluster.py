@@ -7,14 +7,18 @@ is SIGKILLed: no record, no lease and (aim) no request may be lost. The long ver
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from discovery.client import connect_etcd
+from discovery.client import EtcdClient, connect_etcd
 from discovery.errors import EtcdUnavailableError
+from discovery.lease import LeaseKeeper
 from launch.local_servers import free_port
 from tests.etcd_scenarios import leader_kills_under_load
+from tests.faults import TcpProxy
 
 pytestmark = pytest.mark.slow
 
@@ -39,3 +43,37 @@ async def test_a_dead_first_member_is_skipped_and_errors_name_every_endpoint(
     also_dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(EtcdUnavailableError, match=f"etcd at {dead},{also_dead} is unavailable"):
         await connect_etcd(f"{dead},{also_dead}")
+
+
+async def test_a_member_whose_name_moves_to_a_new_address_is_found_again(
+    etcd_url: str, namespace: str
+) -> None:
+    """DNS cannot change here: a stand-in resolver maps the names, and TCP proxies to the
+    shared etcd play the members' addresses. The lease must live on through the move."""
+    etcd_port = int(etcd_url.rsplit(":", 1)[1])
+    before, after = await TcpProxy(etcd_port).start(), await TcpProxy(etcd_port).start()
+    ports = {"etcd-a": before.port, "etcd-b": free_port()}  # etcd-b: nothing listens
+
+    def resolve(host: str, port: int) -> list[str]:
+        return [f"127.0.0.1:{ports[host]}"]
+
+    etcd = await connect_etcd("http://etcd-a:2379,http://etcd-b:2379", resolve=resolve)
+    keeper = await LeaseKeeper.grant(etcd, 2)
+    await keeper.put(f"{namespace}/a", b"1")
+    ports["etcd-a"] = after.port  # the member moved ...
+    await before.aclose()  # ... and its old address is gone
+    async with asyncio.timeout(10):
+        while (record := await _get_quietly(etcd, f"{namespace}/a")) is None:
+            await asyncio.sleep(0.05)
+    assert record.lease == keeper.lease_id
+    await keeper.aclose()
+    await etcd.close()
+    await after.aclose()
+
+
+async def _get_quietly(etcd: EtcdClient, key: str) -> Any:
+    try:
+        with etcd.errors("get", key):
+            return await etcd.get(key.encode())
+    except EtcdUnavailableError:
+        return None
