@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from discovery.errors import EtcdUnavailableError
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 
 __all__ = ["main"]
@@ -118,6 +119,11 @@ def _lora(args: argparse.Namespace) -> int:
     if args.action == "load" and not args.uri:
         print("lorafleet lora load needs a NAME and a URI (file://, s3://, ...)", file=sys.stderr)
         return 2
-    etcd = EtcdSettings.from_env(endpoints=args.etcd_endpoints)
-    workers = args.worker or discover(etcd, args.namespace)
+    try:
+        workers = args.worker or discover(
+            EtcdSettings.from_env(endpoints=args.etcd_endpoints), args.namespace
+        )
+    except (ValueError, EtcdUnavailableError) as exc:  # one line, no traceback
+        print(f"lorafleet lora {args.action}: {exc}", file=sys.stderr)
+        return 1
     return lora_command(args.action, name=args.name, uri=args.uri, workers=workers)

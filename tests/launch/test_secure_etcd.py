@@ -19,6 +19,7 @@ import pytest
 
 from discovery.client import connect_etcd
 from discovery.errors import EtcdRefusedError
+from launch.cli import main as lorafleet
 from launch.local_servers import free_port
 from launch.secure_etcd import start_secure_etcd
 from tests.launch.test_cluster import _read_until_ready
@@ -64,3 +65,17 @@ async def test_up_secure_serves_through_an_etcd_with_tls_and_auth(tmp_path: Path
         up.send_signal(signal.SIGINT)
         exit_code = await asyncio.to_thread(up.wait, 60)
     assert exit_code == 0
+
+
+def test_lorafleet_lora_list_without_etcd_credentials_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secure = start_secure_etcd(tmp_path / "state", tmp_path / "servers", port=free_port())
+    try:
+        code = lorafleet(["lora", "list", "--etcd-endpoints", secure.server.url])
+    finally:
+        secure.server.stop()
+    assert code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"etcd at {secure.server.url} refused connect" in line
+    assert "ETCD_AUTH_CA" in line
