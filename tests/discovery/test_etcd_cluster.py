@@ -16,7 +16,10 @@ import pytest
 from discovery.client import EtcdClient, connect_etcd
 from discovery.errors import EtcdUnavailableError
 from discovery.lease import LeaseKeeper
+from discovery.settings import EtcdSettings, parse_endpoints
+from launch.etcd_cluster import start_etcd_cluster
 from launch.local_servers import free_port
+from launch.tls_files import make_tls_files
 from tests.etcd_scenarios import leader_kills_under_load
 from tests.faults import TcpProxy
 
@@ -77,3 +80,24 @@ async def _get_quietly(etcd: EtcdClient, key: str) -> Any:
             return await etcd.get(key.encode())
     except EtcdUnavailableError:
         return None
+
+
+async def test_a_tls_client_fails_over_when_the_member_it_uses_dies(tmp_path: Path) -> None:
+    """Every member is checked against the first endpoint's name (one shared certificate)."""
+    tls = make_tls_files(tmp_path / "tls")
+    cluster = await asyncio.to_thread(start_etcd_cluster, tmp_path / "etcd", tls=tls)
+    settings = EtcdSettings(
+        endpoints=parse_endpoints(cluster.endpoints), ca_path=tls.ca_cert,
+        client_cert_path=tls.client_cert, client_key_path=tls.client_key,
+    )  # fmt: skip
+    try:
+        etcd = await connect_etcd(settings)
+        await etcd.put(b"v1/x", b"1")
+        cluster.members[0].stop(kill=True)  # pick_first uses the first member that answers
+        async with asyncio.timeout(10):
+            while (record := await _get_quietly(etcd, "v1/x")) is None:
+                await asyncio.sleep(0.05)
+        assert record.value == b"1"
+        await etcd.close()
+    finally:
+        cluster.stop()
