@@ -15,6 +15,7 @@ from discovery.errors import (
 from discovery.keys import (
     ADAPTERS_ROOT,
     INSTANCES_ROOT,
+    KEYS_ROOT,
     MDC_ROOT,
     adapter_key,
     adapters_prefix,
@@ -52,6 +53,7 @@ __all__ = [
     "EtcdSettings",
     "EtcdUnavailableError",
     "INSTANCES_ROOT",
+    "KEYS_ROOT",
     "LeaseKeeper",
     "LeaseState",
     "MAX_RECONNECT_BACKOFF_MS",

@@ -30,8 +30,8 @@ from discovery._channel import (
     resolve_host,
 )
 from discovery.errors import EtcdRefusedError, EtcdUnavailableError
-from discovery.keys import INSTANCES_ROOT
-from discovery.settings import EtcdSettings, parse_endpoints
+from discovery.keys import INSTANCES_ROOT, KEYS_ROOT
+from discovery.settings import EtcdSettings
 
 __all__ = [
     "ETCD_OP_TIMEOUT_S",
@@ -55,9 +55,7 @@ _TLS_HINT: Final = (
     "ETCD_AUTH_CA (the CA that signed etcd's certificate), ETCD_AUTH_CLIENT_CERT and "
     "ETCD_AUTH_CLIENT_KEY"
 )
-_ROLE_HINT: Final = (
-    f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {INSTANCES_ROOT.split('/')[0]}/)"
-)
+_ROLE_HINT: Final = f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {KEYS_ROOT})"
 _TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
 _STALE_TOKEN_TEXT: Final = "invalid auth token"
 _NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
@@ -213,7 +211,7 @@ async def connect_etcd(
     on ``EtcdRefusedError`` (``permanent``). A plain string is ``ETCD_ENDPOINTS`` alone.
     """
     if isinstance(settings, str):
-        settings = EtcdSettings(endpoints=parse_endpoints(settings))
+        settings = EtcdSettings.from_endpoints(settings)
     client = EtcdClient(settings, timeout_s=timeout_s, resolve=resolve)
     try:
         with client.errors("connect"):

@@ -10,14 +10,12 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Final
 
-from discovery.keys import INSTANCES_ROOT
+from discovery.keys import KEYS_ROOT
 from launch.local_servers import find_binary
 from launch.tls_files import TlsFiles
 
-__all__ = ["EtcdUser", "LORAFLEET_PREFIX", "enable_etcd_auth"]
+__all__ = ["EtcdUser", "enable_etcd_auth"]
 
-LORAFLEET_PREFIX: Final = INSTANCES_ROOT.split("/")[0] + "/"
-"""Every key lorafleet writes lives under this prefix (``discovery/keys.py``)."""
 _ETCDCTL_TIMEOUT_S: Final = 30
 
 
@@ -27,7 +25,7 @@ class EtcdUser:
 
     username: str = "lorafleet"
     password: str = field(repr=False)
-    prefix: str = LORAFLEET_PREFIX
+    prefix: str = KEYS_ROOT
 
 
 def enable_etcd_auth(
