@@ -179,6 +179,7 @@ async def leader_kills_under_load(
             while (after := await _records_quietly(etcd, namespace)) is None:
                 await asyncio.sleep(POLL_INTERVAL_S)
         assert after == before, "a record or its lease changed across the leader kills"
+        assert "lease re-granted" not in fleet.worker.log_path.read_text()  # never expired
         assert await listed_models_of(fleet.frontend.url) == {MODEL, ADAPTER}
     finally:
         load.stop.set()
