@@ -17,7 +17,7 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from discovery.client import connect_etcd
@@ -33,6 +33,7 @@ from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
 from frontend.errors import openai_error, openai_type
 from frontend.generation import GenerationService
+from frontend.json_request import BoundedJsonRequest
 from frontend.metrics import FrontendMetrics
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry
@@ -47,7 +48,14 @@ __all__ = ["create_app"]
 log = structlog.get_logger(__name__)
 
 ENDPOINT_BY_PATH: Final = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-CODE_BY_STATUS: Final = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+CODE_BY_STATUS: Final = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+MAX_BODY_BYTES: Final = 10_000_000
+"""Largest HTTP body read (Litestar's default); what reaches a worker must also fit NATS."""
 _MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -141,7 +149,7 @@ def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respo
     if endpoint is not None:
         request.app.state.metrics.rejected(endpoint, status, code)
     error = OpenAIError(message=message, type=openai_type(status), param=param, code=code)
-    return _error_response(status, error)
+    return Response(OpenAIErrorResponse(error=error), status_code=status, headers=exc.headers)
 
 
 def _describe(exc: HTTPException) -> tuple[str, str | None]:
@@ -151,8 +159,12 @@ def _describe(exc: HTTPException) -> tuple[str, str | None]:
         if isinstance(first, dict) and "message" in first:
             return _describe_field(str(first.get("key") or "data"), str(first["message"]))
     detail = exc.detail or "request failed"
-    if exc.status_code == 400 and "JSON" in detail:
-        return f"Invalid request body: {detail}", None
+    if exc.status_code == 413:
+        return f"Request body too large: the frontend reads at most {MAX_BODY_BYTES} bytes", None
+    if exc.status_code == 405:
+        return f"{detail}; allowed: {(exc.headers or {}).get('allow', 'none')}", None
+    if isinstance(exc.__cause__, SerializationException):
+        return f"Invalid request body: not valid JSON: {detail}", None
     return detail, None
 
 
@@ -191,6 +203,8 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
             SystemController,
         ],
         lifespan=[_lifespan],
+        request_class=BoundedJsonRequest,
+        request_max_body_size=MAX_BODY_BYTES,
         dependencies={
             "registry": Provide(_registry, sync_to_thread=False),
             "plane": Provide(_plane, sync_to_thread=False),

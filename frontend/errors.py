@@ -3,7 +3,8 @@
 Hierarchy::
 
     proto.errors.InvalidRequestError
-    └── BadFieldError            a request field is wrong (param names it)       400
+    ├── BadFieldError            a request field is wrong (param names it)       400
+    └── PayloadTooLargeError     the request is bigger than NATS carries         413
     proto.errors.NotFoundError
     └── ModelNotFoundError       no live instance serves that name               404
     proto.errors.UnavailableError
@@ -35,6 +36,7 @@ from proto.errors import (
     UpstreamError,
     http_status,
 )
+from proto.limits import shorten
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "ModelNotFoundError",
     "NoLiveInstanceError",
     "OPENAI_TYPE_BY_STATUS",
+    "PayloadTooLargeError",
     "WorkerError",
     "http_status",
     "openai_error",
@@ -100,6 +103,21 @@ class BadFieldError(InvalidRequestError):
         super().__init__(f"Invalid request: {param}: {problem}")
 
 
+class PayloadTooLargeError(InvalidRequestError):
+    """A request would not fit in one NATS message (the server's ``max_payload``)."""
+
+    code: ClassVar[str] = "payload_too_large"
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"Request too large: it takes {size_bytes} bytes for a worker and NATS carries at "
+            f"most {limit_bytes} bytes in one message (the NATS server's max_payload); "
+            "shorten the prompt or messages"
+        )
+
+
 class ClientGoneError(LorafleetError):
     """The client hung up while its whole (non-streamed) answer was being generated."""
 
@@ -127,7 +145,7 @@ class ModelNotFoundError(NotFoundError):
             else ""
         )
         super().__init__(
-            f"The model {model!r} does not exist or no live instance serves it; "
+            f"The model {shorten(model)!r} does not exist or no live instance serves it; "
             f"available models: {shown}{more}"
         )
 

@@ -33,7 +33,7 @@ from frontend.request_plane import Reply, RequestPlane, is_no_responders
 from proto.adapters import AdapterSpec, LoadLoraRequest
 from proto.auth import bearer_header
 from proto.discovery import Instance
-from proto.errors import HTTP_STATUS_BY_CODE, ErrorInfo, LorafleetError, error_from_info
+from proto.errors import ErrorInfo, LorafleetError, UnauthorizedError, error_from_info
 from proto.inference import UpdateReply, UpdateRequest
 from proto.placement import rendezvous_order
 from proto.uris import public_uri
@@ -45,7 +45,6 @@ log = structlog.get_logger(__name__)
 LOAD_UPDATE: Final = "update/load_lora"
 TRY_NEXT_CODES: Final = frozenset({"capacity", "not_found", "unavailable"})
 """Load failures another instance may not have: full, no LoRA management, starting up."""
-_CODE_BY_STATUS: Final = {status: code for code, status in HTTP_STATUS_BY_CODE.items()}
 
 
 class OnDemandLoader:
@@ -150,19 +149,22 @@ class OnDemandLoader:
 
     async def _load_on(self, instance: Instance, spec: AdapterSpec) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""
-        body = msgspec.to_builtins(LoadLoraRequest(lora_name=spec.name, source=spec.source))
-        update = UpdateRequest(name=LOAD_UPDATE, body=body)
+        update = UpdateRequest.of(
+            LOAD_UPDATE, LoadLoraRequest(lora_name=spec.name, source=spec.source)
+        )
         reply = await self._plane.open(instance.subject, update, headers=self._headers)
         try:
             answer = await self._answer(instance, reply)
         finally:
             reply.close()
-        if answer.status_code == HTTP_STATUS_BY_CODE["unauthorized"]:
+        error = _error_of(answer, spec)
+        if error is None:
+            return
+        if error.code == UnauthorizedError.code:
             log.error("worker refused this frontend's token", instance=f"{instance.instance_id:x}",
                       hint="set DYN_SYSTEM_AUTH_TOKEN to the workers' token")  # fmt: skip
             raise LoadUnauthorizedError(spec.name, instance.instance_id)
-        if answer.status_code != 200:
-            raise WorkerError(instance.instance_id, _error_of(answer, spec))
+        raise WorkerError(instance.instance_id, error)
 
     async def _answer(self, instance: Instance, reply: Reply) -> UpdateReply:
         """Wait for the update's answer, pinging the instance whenever it is silent."""
@@ -195,15 +197,21 @@ class OnDemandLoader:
         return served
 
 
-def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError:
-    """The worker's error as the chat client may see it: a source error's reason beside the
-    public form of the URI, never the worker's paths or its operator's hint."""
-    body = answer.body
-    code = str(body.get("code") or _CODE_BY_STATUS.get(answer.status_code, "upstream_error"))
-    message = str(body.get("message") or f"load_lora answered HTTP {answer.status_code}")
-    if body.get("reason"):
-        message = f"LoRA source {public_uri(spec.source.uri)}: {body['reason']}"
-    return error_from_info(ErrorInfo(code=code, message=message))
+def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError | None:
+    """The worker's error (None on success) as the chat client may see it: a source error's
+    reason beside the public form of the URI, never the worker's paths or operator's hint."""
+    info = answer.error
+    if info is None and answer.status_code == 200:
+        return None
+    if info is None:  # a worker from before typed errors: its status is all we trust
+        info = ErrorInfo(
+            code="upstream_error", message=f"load_lora answered HTTP {answer.status_code}"
+        )
+    if info.reason:
+        info = ErrorInfo(
+            code=info.code, message=f"LoRA source {public_uri(spec.source.uri)}: {info.reason}"
+        )
+    return error_from_info(info)
 
 
 def _code(exc: LorafleetError) -> str:

@@ -22,6 +22,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from frontend.errors import PayloadTooLargeError
 from proto.errors import UnavailableError
 from proto.inference import CancelRequest, PingRequest, encode_msg
 
@@ -158,13 +159,19 @@ class RequestPlane:
     async def open(
         self, subject: str, message: msgspec.Struct, *, headers: dict[str, str] | None = None
     ) -> Reply:
-        """Publish ``message`` (with NATS ``headers``) to ``subject`` with a fresh reply subject."""
+        """Publish ``message`` (with NATS ``headers``) to ``subject`` with a fresh reply subject.
+
+        Raises ``PayloadTooLargeError`` (413), before publishing anything, when the
+        encoded message exceeds the server's ``max_payload`` (from its INFO).
+        """
+        payload = encode_msg(message)
+        if len(payload) > self.nc.max_payload:
+            raise PayloadTooLargeError(len(payload), self.nc.max_payload)
         token = format(next(self._tokens), "x")
         reply = Reply(self, token, self._inbox + token)
         self._replies[token] = reply
         try:
-            data = encode_msg(message)
-            await self.nc.publish(subject, data, reply=reply.subject, headers=headers)
+            await self.nc.publish(subject, payload, reply=reply.subject, headers=headers)
         except Exception as exc:
             reply.close()
             raise UnavailableError(f"cannot publish to NATS subject {subject!r}: {exc}") from exc

@@ -32,6 +32,7 @@ __all__ = [
     "UnauthorizedError",
     "UnavailableError",
     "UpstreamError",
+    "error_body",
     "error_from_info",
     "http_status",
 ]
@@ -42,6 +43,9 @@ class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
 
     code: str
     message: str
+    reason: str = ""
+    """Why, in words any client may see (no paths, no operator hints); empty when the
+    message is all there is. A LoRA source error's ``reason``, for instance."""
 
 
 class LorafleetError(Exception):
@@ -56,8 +60,9 @@ class LorafleetError(Exception):
         """Structured context (``lora_name=``, ``uri=``, ...) shown beside the message."""
 
     def to_info(self) -> ErrorInfo:
-        """Return the wire form of this error."""
-        return ErrorInfo(code=self.code, message=self.message)
+        """Return the wire form of this error (its ``reason`` field, if any, travels too)."""
+        reason = self.fields.get("reason")
+        return ErrorInfo(code=self.code, message=self.message, reason=str(reason or ""))
 
 
 class InvalidRequestError(LorafleetError):
@@ -122,6 +127,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "unauthorized": 401,
     "not_found": 404,
     "conflict": 409,
+    "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
     "capacity": 429,
     "internal_error": 500,
     "upstream_error": 502,
@@ -134,6 +140,12 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
 def http_status(code: str) -> int:
     """HTTP status for an error code; unknown codes are internal errors (500)."""
     return HTTP_STATUS_BY_CODE.get(code, 500)
+
+
+def error_body(info: ErrorInfo, **fields: Any) -> dict[str, Any]:
+    """The documented JSON body of a worker's error answer, the one place it is built:
+    ``{"status": "error", "code": ..., "message": ..., **fields}``."""
+    return {"status": "error", "code": info.code, "message": info.message, **fields}
 
 
 def error_from_info(info: ErrorInfo) -> LorafleetError:

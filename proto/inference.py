@@ -83,12 +83,22 @@ class UpdateRequest(_Message, tag="update"):
     name: str
     body: dict[str, Any] = msgspec.field(default_factory=dict)
 
+    @classmethod
+    def of(cls, name: str, request: msgspec.Struct) -> UpdateRequest:
+        """The update ``name`` carrying ``request``, converted to the wire's JSON object here."""
+        return cls(name=name, body=msgspec.to_builtins(request))
+
 
 class UpdateReply(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer to a ping or an update: the HTTP status the status server would give and its body."""
+    """Answer to a ping or an update: the HTTP status the status server would give and its body.
+
+    ``error`` is set exactly when the update failed; ``body`` is then the error's
+    documented JSON shape (``proto.errors.error_body``), for HTTP callers.
+    """
 
     status_code: int = 200
     body: dict[str, Any] = msgspec.field(default_factory=dict)
+    error: ErrorInfo | None = None
 
 
 InstanceMessage = GenerateRequest | CancelRequest | PingRequest | UpdateRequest

@@ -30,7 +30,6 @@ from proto.errors import (
     LorafleetError,
     UnauthorizedError,
     UnavailableError,
-    http_status,
 )
 from proto.inference import (
     CancelRequest,
@@ -46,6 +45,7 @@ from proto.inference import (
 )
 from worker import metrics
 from worker.engine import LLMEngine
+from worker.engine_registry import error_reply
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
 
@@ -150,7 +150,8 @@ class Endpoint:
     async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
         try:
             message = decode_instance_message(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            # RecursionError: msgpack nested deeper than the decoder's stack (a tool's mistake)
             error = InvalidRequestError(f"undecodable message on {msg.subject}: {exc}")
             if msg.reply:
                 await self._nc.publish(msg.reply, encode_msg(ErrorChunk(error=error.to_info())))
@@ -220,17 +221,11 @@ class Endpoint:
         authorization = (msg.headers or {}).get(AUTHORIZATION_HEADER)
         if not bearer_token_accepted(authorization, self._update_token):
             log.warning("update over NATS refused: missing or wrong token", update=request.name)
-            return _error_reply(UnauthorizedError(
+            return error_reply(UnauthorizedError(
                 f"{request.name} over NATS needs the header 'Authorization: Bearer <token>' "
                 "(the worker's DYN_SYSTEM_AUTH_TOKEN; a frontend sends its own "
                 "DYN_SYSTEM_AUTH_TOKEN)"
             ))  # fmt: skip
         if self.update_handler is None:
-            return _error_reply(UnavailableError("worker is starting"))
+            return error_reply(UnavailableError("worker is starting"))
         return await self.update_handler(request.name, request.body)
-
-
-def _error_reply(error: LorafleetError) -> UpdateReply:
-    """``error`` in the shape the status server's engine routes answer."""
-    body = {"status": "error", "code": error.code, "message": error.message}
-    return UpdateReply(status_code=http_status(error.code), body=body)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.handlers import BaseRouteHandler
 
@@ -57,9 +58,8 @@ def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusSt
 
 
 def _compat_response(reply: UpdateReply) -> Response[Any]:
-    failed = reply.body.get("status") == "error"
-    if failed and not 400 <= reply.status_code < 500:
-        return reply_response(UpdateReply(status_code=500, body=reply.body))
+    if reply.error is not None and not 400 <= reply.status_code < 500:
+        return reply_response(msgspec.structs.replace(reply, status_code=500))
     return reply_response(reply)
 
 

@@ -1,8 +1,10 @@
 """The worker's system status HTTP server: health, metrics and the engine routes.
 
 ``/engine/{path}`` serves the engine registry; bodies must be JSON objects
-(an empty body is ``{}``). Adapter routes (``/v1/loras``) are mounted by
-``worker.lora_routes`` when LoRA management is configured.
+(an empty body is ``{}``) of at most ``MAX_BODY_BYTES``, nested at most
+``MAX_JSON_DEPTH`` levels. Every error answers in the engine routes' shape.
+Adapter routes (``/v1/loras``) are mounted by ``worker.lora_routes`` when LoRA
+management is configured.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ import msgspec
 import uvicorn
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.di import Provide
+from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proto.auth import bearer_token_accepted
-from proto.errors import InvalidRequestError, UnauthorizedError, http_status
+from proto.errors import (
+    ErrorInfo,
+    InvalidRequestError,
+    UnauthorizedError,
+    error_body,
+    http_status,
+)
 from proto.inference import UpdateReply
+from proto.limits import check_json_depth, shorten
 from worker.engine_registry import EngineRegistry
 
 __all__ = [
@@ -37,6 +47,11 @@ __all__ = [
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
+_CODE_BY_STATUS: Final = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_HTTP_MESSAGES: Final = {
+    405: "method not allowed",
+    413: f"request body too large: the status server reads at most {MAX_BODY_BYTES} bytes",
+}
 
 
 @dataclass
@@ -62,10 +77,24 @@ def reply_response(reply: UpdateReply) -> Response[Any]:
     return Response(reply.body, status_code=reply.status_code, media_type=MediaType.JSON)
 
 
-def error_response(status_code: int, code: str, message: str) -> Response[Any]:
+def error_response(
+    status_code: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> Response[Any]:
     """A JSON error body in the shape the engine routes use."""
-    body = {"status": "error", "code": code, "message": message}
-    return Response(body, status_code=status_code, media_type=MediaType.JSON)
+    body = error_body(ErrorInfo(code=code, message=message))
+    return Response(body, status_code=status_code, media_type=MediaType.JSON, headers=headers)
+
+
+def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """Litestar's own errors (unknown route, bad method, body too large) in the routes' shape."""
+    status = exc.status_code
+    code = _CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    message = _HTTP_MESSAGES.get(status, exc.detail)
+    if status == 404:
+        message = f"no route {shorten(request.url.path)!r} on the worker's status server"
+    if status == 405:
+        message += f"; allowed: {(exc.headers or {}).get('allow', 'none')}"
+    return error_response(status, code, message, exc.headers)
 
 
 async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -73,6 +102,7 @@ async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
     raw = await request.body()
     if not raw.strip():
         return {}
+    check_json_depth(raw)
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
@@ -133,6 +163,7 @@ def build_status_app(
         route_handlers=[health, metrics, engine_route, *extra_handlers],
         dependencies={"status": Provide(lambda: status, sync_to_thread=False)},
         request_max_body_size=MAX_BODY_BYTES,
+        exception_handlers={HTTPException: _on_http_error},
         openapi_config=None,
     )
 

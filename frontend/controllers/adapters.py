@@ -26,6 +26,7 @@ from proto.adapters import (
     validate_adapter_spec,
 )
 from proto.errors import ConflictError, NotFoundError
+from proto.limits import shorten
 from proto.openai import OpenAIErrorResponse
 from proto.uris import public_uri
 
@@ -143,7 +144,7 @@ class AdaptersController(Controller):
         name = name.lstrip("/")
         spec = _desired_or_404(desired, name)
         if not await desired.delete(name):
-            raise NotFoundError(f"adapter {name!r} is not in the desired state")
+            raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")
         return adapter_status(spec, registry)
 
 
@@ -151,5 +152,7 @@ def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
     spec = desired.get(name)
     if spec is None:
         known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
-        raise NotFoundError(f"adapter {name!r} is not in the desired state; desired: {known}")
+        raise NotFoundError(
+            f"adapter {shorten(name)!r} is not in the desired state; desired: {known}"
+        )
     return spec

@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
+import msgspec
 import pytest
 
 from discovery.keys import base_card_key, instance_key
@@ -18,6 +19,7 @@ from proto.inference import (
     GenerateRequest,
     SamplingParams,
     TokenChunk,
+    decode_chunk,
     encode_msg,
 )
 from tests.processes import ServiceProcess
@@ -84,6 +86,22 @@ async def test_unknown_model_reaches_the_caller_as_an_error_chunk(
     chunks = await stream(nc, instance.subject, GenerateRequest(request_id="r", model="nope"))
     assert len(chunks) == 1 and isinstance(chunks[0], ErrorChunk)
     assert chunks[0].error.code == "not_found" and "'nope'" in chunks[0].error.message
+
+
+async def test_a_message_nested_too_deeply_is_answered_as_invalid(
+    worker_factory, etcd, nc, namespace
+):
+    """A tool's msgpack update nested 10,000 levels deep: an error reply, and the worker lives."""
+    worker_factory()
+    instance = await _instance(etcd, namespace)
+    head = msgspec.msgpack.encode({"kind": "update", "name": "list_loras"})
+    deep = b"\x91" * 10_000 + b"\xc0"  # [[[...[nil]...]]] in msgpack
+    body = msgspec.msgpack.encode("body") + b"\x81" + msgspec.msgpack.encode("x") + deep
+    data = b"\x83" + head[1:] + body  # the two fields of ``head``, then ``body``: three
+    reply = decode_chunk((await nc.request(instance.subject, data, timeout=10)).data)
+    assert isinstance(reply, ErrorChunk) and reply.error.code == "invalid_request"
+    chunks = await stream(nc, instance.subject, GenerateRequest(request_id="r", model="demo"))
+    assert isinstance(chunks[-1], FinalChunk)
 
 
 async def test_cancel_stops_generation_at_the_worker(worker_factory, etcd, nc, namespace):

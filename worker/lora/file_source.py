@@ -26,10 +26,18 @@ ESCAPE_HINT: Final = (
     "put the adapter's own files (or links that stay inside DYN_LORA_FILE_ROOTS) in its directory"
 )
 
+NAME_MAX_BYTES: Final = 255
+PATH_MAX_BYTES: Final = 4096
+"""Linux's limits on a path's components and whole; longer paths are the caller's mistake
+(the file system would answer ENAMETOOLONG, which is no outage)."""
+
 
 def file_uri_path(uri: str) -> Path:
     """Return the absolute path named by a ``file:///abs/path`` URI (percent-decoded)."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 host
+        raise LoraInvalidUriError(uri, f"not a file URI ({exc})") from None
     if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
         raise LoraInvalidUriError(
             uri, "a file URI names no host", hint="write file:///absolute/path (three slashes)"
@@ -41,7 +49,20 @@ def file_uri_path(uri: str) -> Path:
             "not an absolute file path",
             hint="write file:///absolute/path and percent-encode '?' and '#'",
         )
+    if _too_long(path):
+        raise LoraInvalidUriError(
+            uri,
+            "the path is too long for a file system",
+            hint=f"at most {PATH_MAX_BYTES} bytes, {NAME_MAX_BYTES} per component",
+        )
     return Path(path)
+
+
+def _too_long(path: str) -> bool:
+    encoded = os.fsencode(path)
+    return len(encoded) >= PATH_MAX_BYTES or any(
+        len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")
+    )
 
 
 class FileSource:
