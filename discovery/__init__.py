@@ -1,12 +1,15 @@
 """The etcd side: connection, lease, records bound to it, key layout and a watch cache."""
 
+from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
+    MAX_RECONNECT_BACKOFF_MS,
+    RERESOLVE_INTERVAL_S,
     EtcdClient,
     connect_etcd,
-    parse_endpoint,
 )
 from discovery.errors import (
+    EtcdRefusedError,
     EtcdUnavailableError,
 )
 from discovery.header_timeout import (
@@ -17,6 +20,7 @@ from discovery.header_timeout import (
 from discovery.keys import (
     ADAPTERS_ROOT,
     INSTANCES_ROOT,
+    KEYS_ROOT,
     MDC_ROOT,
     adapter_key,
     adapters_prefix,
@@ -35,6 +39,11 @@ from discovery.lease import (
 from discovery.logs import (
     configure_logging,
 )
+from discovery.settings import (
+    DEFAULT_ETCD_ENDPOINTS,
+    EtcdSettings,
+    parse_endpoints,
+)
 from discovery.startup import (
     DEFAULT_CONNECT_TIMEOUT_S,
     ConnectTimeoutError,
@@ -50,15 +59,21 @@ __all__ = [
     "ADAPTERS_ROOT",
     "ConnectTimeoutError",
     "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_HEADER_TIMEOUT_S",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
+    "EtcdRefusedError",
+    "EtcdSettings",
     "EtcdUnavailableError",
     "HeaderTimeoutProtocol",
     "INSTANCES_ROOT",
+    "KEYS_ROOT",
     "LeaseKeeper",
     "LeaseState",
+    "MAX_RECONNECT_BACKOFF_MS",
     "MDC_ROOT",
+    "RERESOLVE_INTERVAL_S",
     "WatchCache",
     "WatchListener",
     "adapter_key",
@@ -73,7 +88,7 @@ __all__ = [
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
-    "parse_endpoint",
+    "parse_endpoints",
     "unless_stopped",
     "with_header_timeout",
 ]

@@ -25,7 +25,9 @@ T = TypeVar("T")
 WatchListener: TypeAlias = Callable[[str, "T | None", "T | None"], None]
 """Called as ``listener(key, old, new)``: add has ``old=None``, remove has ``new=None``."""
 
-MAX_BACKOFF_S: Final = 1.0
+MAX_BACKOFF_S: Final = 0.5
+"""Re-list at least this often while etcd is away, so the cache catches up within about
+1 s of its return (the channel reconnects within ``MAX_RECONNECT_BACKOFF_MS``)."""
 
 
 class WatchCache(Generic[T]):

@@ -24,6 +24,7 @@ from litestar import Litestar
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from discovery.logs import configure_logging
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.app import create_app
 from frontend.config import (
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-port", type=int, default=int(_env("DYN_HTTP_PORT", str(DEFAULT_HTTP_PORT))),
         help="env DYN_HTTP_PORT (default 8000)")  # fmt: skip
     add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
-    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
+    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
         help="env ETCD_ENDPOINTS")  # fmt: skip
     add("--nats-server", default=_env("NATS_SERVER", "nats://127.0.0.1:4222"),
         help="env NATS_SERVER")  # fmt: skip
@@ -87,7 +88,7 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     """A validated config from parsed flags (raises ValueError naming the bad one)."""
     return FrontendConfig(
         namespace=args.namespace,
-        etcd_endpoints=args.etcd_endpoints,
+        etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
         nats_server=args.nats_server,
         router=args.router,
         http_host=args.http_host,

@@ -96,8 +96,8 @@ async def _start_services(
     plane = await RequestPlane.start(nc)
     stack.push_async_callback(plane.aclose)
     etcd = await connect_with_retry(
-        lambda: connect_etcd(config.etcd_endpoints),
-        service="etcd", url=config.etcd_endpoints, timeout_s=config.connect_timeout_s,
+        lambda: connect_etcd(config.etcd),
+        service="etcd", url=config.etcd.describe(), timeout_s=config.connect_timeout_s,
         check="ETCD_ENDPOINTS (--etcd-endpoints)",
     )  # fmt: skip
     stack.push_async_callback(etcd.close)

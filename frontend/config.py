@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.dispatcher import DispatchSettings
 from frontend.router import ROUTERS
@@ -32,13 +33,14 @@ class FrontendConfig:
 
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
-        FrontendConfig(etcd_endpoints="http://etcd:2379", nats_server="nats://nats:4222")
+        FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
         FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
         FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
     """
 
     namespace: str = DEFAULT_NAMESPACE
-    etcd_endpoints: str = "http://127.0.0.1:2379"
+    etcd: EtcdSettings = field(default_factory=EtcdSettings)
+    """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
     nats_server: str = "nats://127.0.0.1:4222"
     router: str = "round-robin"
     http_host: str = "0.0.0.0"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
@@ -41,7 +42,8 @@ class WorkerConfig:
     namespace: str = "lorafleet"
     component: str = "backend"
     endpoint: str = "generate"
-    etcd_endpoints: str = "http://127.0.0.1:2379"
+    etcd: EtcdSettings = field(default_factory=EtcdSettings)
+    """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
     nats_server: str = "nats://127.0.0.1:4222"
     system_host: str = "0.0.0.0"
     system_port: int = 9345
@@ -86,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     p.add_argument("--component", default=env("DYN_COMPONENT", "backend"))
     p.add_argument("--endpoint", default=env("DYN_ENDPOINT", "generate"))
-    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
+    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
     p.add_argument("--nats-server", default=env("NATS_SERVER", "nats://127.0.0.1:4222"))
     p.add_argument("--system-host", default=env("DYN_SYSTEM_HOST", "0.0.0.0"))
     p.add_argument("--system-port", type=int, default=int(env("DYN_SYSTEM_PORT", "9345")))
@@ -146,7 +148,8 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
         return WorkerConfig(
             engine=args.engine, engine_config=engine_config, namespace=args.namespace,
             component=args.component, endpoint=args.endpoint,
-            etcd_endpoints=args.etcd_endpoints, nats_server=args.nats_server,
+            etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
+            nats_server=args.nats_server,
             system_host=args.system_host, system_port=args.system_port,
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
             shutdown_grace_s=args.shutdown_grace, connect_timeout_s=args.connect_timeout_s,

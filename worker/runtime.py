@@ -159,8 +159,8 @@ class WorkerRuntime:
         )  # fmt: skip
         stack.push_async_callback(nc.close)
         etcd = await connect_with_retry(
-            lambda: connect_etcd(cfg.etcd_endpoints),
-            service="etcd", url=cfg.etcd_endpoints, timeout_s=cfg.connect_timeout_s,
+            lambda: connect_etcd(cfg.etcd),
+            service="etcd", url=cfg.etcd.describe(), timeout_s=cfg.connect_timeout_s,
             check="ETCD_ENDPOINTS (--etcd-endpoints)",
         )  # fmt: skip
         stack.push_async_callback(etcd.close)

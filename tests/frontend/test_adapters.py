@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from discovery.keys import adapter_key
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from launch.cli import main as lorafleet
 from proto.adapters import AdapterSpec, LoraSource
@@ -33,7 +34,9 @@ def _spec(name: str = "org/robot", **fields: object) -> dict:
 
 @pytest.fixture
 async def admin_frontend(etcd_url: str, nats_url: str, namespace: str):
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, admin_token=TOKEN)  # fmt: skip
     async with run_frontend(config) as running:
         yield running

@@ -16,6 +16,7 @@ import sys
 import httpx
 import pytest
 
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from launch.local_servers import free_port, start_nats
 from proto.errors import ErrorInfo
@@ -262,7 +263,8 @@ async def _until(condition, timeout_s: float = 5.0) -> None:
 
 async def test_health_follows_the_nats_connection(etcd_url, namespace, tmp_path) -> None:
     own_nats = start_nats(tmp_path / "nats")
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
                             nats_server=own_nats.url, dispatch=FAST_DISPATCH)  # fmt: skip
     try:
         async with run_frontend(config) as frontend:
@@ -287,7 +289,7 @@ def test_unreachable_etcd_stops_the_frontend_with_one_clear_line(nats_url) -> No
     assert done.returncode == 1
     assert "frontend cannot start" in done.stderr
     assert "gave up on etcd" in done.stderr and "DYN_CONNECT_TIMEOUT_S" in done.stderr
-    assert f"etcd at 127.0.0.1:{etcd_port} is unavailable" in done.stderr
+    assert f"etcd at http://127.0.0.1:{etcd_port} is unavailable" in done.stderr
     assert "ETCD_ENDPOINTS" in done.stderr  # what to check
     assert "Traceback" not in done.stderr
 
@@ -302,7 +304,9 @@ async def test_two_frontends_side_by_side_serve_the_same_fleet(
     frontend, workers, nats_url, etcd_url, etcd, namespace
 ) -> None:
     worker = await _start(workers, nats_url, etcd, namespace)
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url)
+    config = FrontendConfig(
+        namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url), nats_server=nats_url
+    )
     async with run_frontend(config) as other:
         for running in (frontend, other):
             await wait_for_models(running, {"demo"})

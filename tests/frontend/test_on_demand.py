@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from proto.discovery import decode_card
 from proto.placement import rendezvous_order
@@ -198,7 +199,9 @@ async def test_on_demand_loads_carry_the_workers_token(
     assert refused.status_code == 502, refused.text
     assert "DYN_SYSTEM_AUTH_TOKEN" in refused.json()["error"]["message"]
     assert _loaded(worker) == set()
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, worker_token="w0rk3r")  # fmt: skip
     async with run_frontend(config) as holding_the_token:
         answer = await _complete(holding_the_token.http, "pirate")
@@ -211,7 +214,9 @@ async def test_a_load_that_never_answers_times_out_with_503(
 ) -> None:
     mute_to_updates = await StandInWorker(nats_url, etcd, namespace, "demo").start()
     workers.append(mute_to_updates)  # answers pings, never load_lora
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, on_demand_timeout_s=0.5)  # fmt: skip
     async with run_frontend(config) as running:
         await wait_for_models(running, {"demo"})

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 from discovery.keys import adapter_key
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from proto.adapters import AdapterSpec
 from proto.naming import lora_slug
@@ -34,8 +35,9 @@ def _vllm_error(message: str, err_type: str, code: int) -> dict:
 
 @pytest.fixture
 async def admin_frontend(etcd_url: str, nats_url: str, namespace: str):
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
-                            dispatch=FAST_DISPATCH, admin_token=TOKEN)  # fmt: skip
+    config = FrontendConfig(namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH,
+                            admin_token=TOKEN)  # fmt: skip
     async with run_frontend(config) as running:
         yield running
 
