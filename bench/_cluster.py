@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from discovery.keys import nats_subject
+from launch.etcd_cluster import EtcdCluster, start_etcd_cluster
 from launch.local_servers import LocalServer, free_port, start_etcd, start_nats, stop_process
 
 __all__ = ["BenchCluster", "Service", "make_adapter_dir"]
@@ -84,12 +85,18 @@ class BenchCluster:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="lorafleet-bench-")))
     lease_ttl_s: int = 10
     namespace: str = NAMESPACE
+    etcd_members: int = 1
+    """More than one: an etcd cluster of that many members (``etcd_cluster``)."""
     etcd: LocalServer | None = None
+    etcd_cluster: EtcdCluster | None = None
     nats: LocalServer | None = None
     services: list[Service] = field(default_factory=list)
 
     def __enter__(self) -> BenchCluster:
-        self.etcd = start_etcd(self.root / "servers")
+        if self.etcd_members > 1:
+            self.etcd_cluster = start_etcd_cluster(self.root / "etcd", size=self.etcd_members)
+        else:
+            self.etcd = start_etcd(self.root / "servers")
         self.nats = start_nats(self.root / "servers")
         return self
 
@@ -99,20 +106,30 @@ class BenchCluster:
         for server in (self.nats, self.etcd):
             if server is not None:
                 server.stop()
+        if self.etcd_cluster is not None:
+            self.etcd_cluster.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property
     def env(self) -> dict[str, str]:
         """Environment every lorafleet process of this cluster gets."""
-        assert self.etcd is not None and self.nats is not None
+        assert self.nats is not None
         return {
-            "ETCD_ENDPOINTS": self.etcd.url,
+            "ETCD_ENDPOINTS": self.etcd_endpoints,
             "NATS_SERVER": self.nats.url,
             "DYN_NAMESPACE": self.namespace,
             "DYN_LEASE_TTL": str(self.lease_ttl_s),
             "DYN_LORA_ENABLED": "true",
             "DYN_LORA_PATH": str(self.root / "lora-cache"),
         }
+
+    @property
+    def etcd_endpoints(self) -> str:
+        """``ETCD_ENDPOINTS`` of this cluster's etcd: one URL, or every member's."""
+        if self.etcd_cluster is not None:
+            return self.etcd_cluster.endpoints
+        assert self.etcd is not None
+        return self.etcd.url
 
     def frontend(self, *args: str, wait: bool = True) -> Service:
         """Start ``python -m frontend`` on a free port."""

@@ -4,7 +4,10 @@ Two mocker workers serve ``demo``; the second also serves an adapter of its
 own. While closed-loop clients send chat requests (non-streaming and
 streaming) through the frontend, the second worker is SIGKILLed. Each round
 times SIGKILL until its adapter leaves ``/v1/models`` and until ``/health``
-counts one instance, and counts the requests that failed meanwhile.
+counts one instance, and counts the requests that failed meanwhile. Streams
+are cut by the kill: they must migrate to the survivor and still read exactly
+the unmigrated answer, with the whole answer's usage. ``--engine hf`` runs the
+demo model (greedy streams) instead of the mocker.
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ from typing import Any, Final
 
 from bench._adapters import FrontendModels, admin
 from bench._cluster import BenchCluster, Service
+from bench._failover_engines import ENGINES, FailoverEngine, failover_engine
 from bench._http import http_get_json
 from bench._load import Session
 from bench._report import add_output_flags, emit, machine, ms, percentile, run_async, table
+from bench._streams import (
+    Answer,
+    StreamChecks,
+    checked_stream_session,
+    migrations,
+    unmigrated_answer,
+)
 from bench.serve import http_session
 
 __all__ = ["build_parser", "main", "run"]
@@ -74,10 +85,10 @@ async def _instances(frontend: Service) -> int:
 
 
 async def _start_victim(
-    cluster: BenchCluster, models: FrontendModels, frontend: Service, speed: tuple[str, ...]
+    cluster: BenchCluster, models: FrontendModels, frontend: Service, setup: FailoverEngine
 ) -> Service:
-    victim = cluster.worker(MODEL, "--enable-lora", *speed)
-    body = {"lora_name": OWN_ADAPTER, "source": {"uri": cluster.adapter(OWN_ADAPTER)}}
+    victim = cluster.worker(setup.model, "--enable-lora", *setup.worker_args, engine=setup.engine)
+    body = {"lora_name": OWN_ADAPTER, "source": {"uri": setup.adapter_uri}}
     status = await admin(victim, "load_lora", body)
     if status != 200:
         raise RuntimeError(f"load_lora on the victim answered HTTP {status}")
@@ -90,17 +101,24 @@ async def _start_victim(
     return victim
 
 
-def _speed(args: argparse.Namespace) -> tuple[str, ...]:
-    return ("--mocker-time-per-token-s", str(args.time_per_token_s))
+@dataclass(frozen=True, kw_only=True)
+class _Fleet:
+    """What every round uses: the cluster, its frontend, the engine and the reference answer."""
+
+    cluster: BenchCluster
+    frontend: Service
+    models: FrontendModels
+    setup: FailoverEngine
+    expected: Answer
 
 
-async def _round(
-    cluster: BenchCluster, frontend: Service, models: FrontendModels, args: argparse.Namespace
-) -> dict[str, Any]:
-    victim = await _start_victim(cluster, models, frontend, _speed(args))
-    traffic = _Traffic()
-    sessions = {"whole": http_session(frontend.port, stream=False),
-                "stream": http_session(frontend.port, stream=True)}  # fmt: skip
+async def _round(fleet: _Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    cluster, frontend, models = fleet.cluster, fleet.frontend, fleet.models
+    victim = await _start_victim(cluster, models, frontend, fleet.setup)
+    traffic, checks = _Traffic(), StreamChecks()
+    migrated_before = await migrations(frontend.port)
+    stream = checked_stream_session(frontend.port, fleet.setup.stream_body, fleet.expected, checks)
+    sessions = {"whole": http_session(frontend.port, stream=False), "stream": stream}
     tasks = [asyncio.create_task(traffic.loop("whole", sessions["whole"]))
              for _ in range(args.concurrency)]  # fmt: skip
     tasks += [asyncio.create_task(traffic.loop("stream", sessions["stream"]))
@@ -122,7 +140,10 @@ async def _round(
     traffic.stop.set()
     await asyncio.gather(*tasks)
     cluster.services.remove(victim)
-    return _round_figures(traffic, killed_at, gone_at, counted_at)
+    figures = _round_figures(traffic, killed_at, gone_at, counted_at)
+    figures["stream_checks"] = checks.figures()
+    figures["migrations"] = round(await migrations(frontend.port) - migrated_before)
+    return figures
 
 
 def _round_figures(
@@ -147,15 +168,19 @@ def _round_figures(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start a frontend and a survivor worker, then kill a victim worker ``--rounds`` times."""
     with BenchCluster(lease_ttl_s=args.lease_ttl_s) as cluster:
-        cluster.worker(MODEL, *_speed(args))
+        setup = failover_engine(args, cluster, MODEL, OWN_ADAPTER)
+        cluster.worker(setup.model, *setup.worker_args, engine=setup.engine)
         frontend = cluster.frontend()
-        models = FrontendModels(frontend)
-        rounds = [await _round(cluster, frontend, models, args) for _ in range(args.rounds)]
+        expected = await unmigrated_answer(frontend.port, setup.stream_body)  # one worker yet
+        fleet = _Fleet(cluster=cluster, frontend=frontend, models=FrontendModels(frontend),
+                       setup=setup, expected=expected)  # fmt: skip
+        rounds = [await _round(fleet, args) for _ in range(args.rounds)]
     return {
         "bench": "failover",
         "machine": machine(),
-        "settings": {"rounds": args.rounds, "lease_ttl_s": args.lease_ttl_s,
+        "settings": {"engine": args.engine, "rounds": args.rounds, "lease_ttl_s": args.lease_ttl_s,
                      "concurrency": args.concurrency, "stream_concurrency": args.stream_concurrency,
+                     "stream_max_tokens": args.stream_max_tokens,
                      "mocker_time_per_token_s": args.time_per_token_s},
         "results": _summary(rounds),
         "rounds": rounds,
@@ -173,29 +198,42 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "requests_whole": sum(r["whole"]["requests"] for r in rounds if "whole" in r),
         "failed_stream": sum(r["stream"]["failed"] for r in rounds if "stream" in r),
         "requests_stream": sum(r["stream"]["requests"] for r in rounds if "stream" in r),
+        "kills": len(rounds),
+        "migrations": sum(r["migrations"] for r in rounds),
+        "streams_text_differs": sum(r["stream_checks"]["text_differs"] for r in rounds),
+        "streams_usage_differs": sum(r["stream_checks"]["usage_differs"] for r in rounds),
     }
 
 
 def _text(results: dict[str, Any], rounds: list[dict[str, Any]], ttl_s: int) -> str:
     headers = ["round", "gone s", "health s", "whole failed/total", "whole max ms after kill",
-               "stream failed/total"]  # fmt: skip
+               "stream failed/total", "migrations"]  # fmt: skip
     rows = [
         [index + 1, r["models_gone_s"], r["health_one_instance_s"],
          f"{r['whole']['failed']}/{r['whole']['requests']}" if "whole" in r else "-",
          r["whole"]["max_latency_after_kill_ms"] if "whole" in r else None,
-         f"{r['stream']['failed']}/{r['stream']['requests']}" if "stream" in r else "-"]
+         f"{r['stream']['failed']}/{r['stream']['requests']}" if "stream" in r else "-",
+         r["migrations"]]
         for index, r in enumerate(rounds)
     ]  # fmt: skip
-    return f"lease TTL {ttl_s} s\n" + table(headers, rows)
+    totals = (f"{results['kills']} kills, {results['requests_stream']} streams, "
+              f"{results['migrations']} migrated, {results['failed_stream']} failed, "
+              f"{results['streams_text_differs']} with other text, "
+              f"{results['streams_usage_differs']} with other usage")  # fmt: skip
+    return f"lease TTL {ttl_s} s\n" + table(headers, rows) + "\n" + totals
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's flags."""
     parser = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engine", choices=ENGINES, default="mocker",
+                        help="mocker, or hf on the demo model (greedy streams)")  # fmt: skip
     parser.add_argument("--lease-ttl-s", type=int, default=3, help="workers' DYN_LEASE_TTL")
     parser.add_argument("--concurrency", type=int, default=8, help="non-streaming clients")
-    parser.add_argument("--stream-concurrency", type=int, default=2, help="streaming clients")
+    parser.add_argument("--stream-concurrency", type=int, default=8, help="streaming clients")
+    parser.add_argument("--stream-max-tokens", type=int, default=32,
+                        help="mocker tokens per stream (so a kill cuts some)")  # fmt: skip
     parser.add_argument("--time-per-token-s", type=float, default=0.002, help="mocker speed")
     add_output_flags(parser)
     return parser

@@ -1,20 +1,29 @@
 """The control-plane connections: etcd (lease, records, key layout, watch cache) and NATS."""
 
+from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
+    MAX_RECONNECT_BACKOFF_MS,
+    RERESOLVE_INTERVAL_S,
     EtcdClient,
     connect_etcd,
-    parse_endpoint,
 )
 from discovery.errors import (
+    EtcdRefusedError,
     EtcdUnavailableError,
     NatsAuthError,
     NatsConnectError,
     NatsSettingsError,
 )
+from discovery.header_timeout import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    HeaderTimeoutProtocol,
+    with_header_timeout,
+)
 from discovery.keys import (
     ADAPTERS_ROOT,
     INSTANCES_ROOT,
+    KEYS_ROOT,
     MDC_ROOT,
     adapter_key,
     adapters_prefix,
@@ -48,6 +57,17 @@ from discovery.nats_settings import (
     NatsSettings,
     parse_nats_servers,
 )
+from discovery.settings import (
+    DEFAULT_ETCD_ENDPOINTS,
+    EtcdSettings,
+    parse_endpoints,
+)
+from discovery.startup import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    ConnectTimeoutError,
+    connect_with_retry,
+    unless_stopped,
+)
 from discovery.watch_cache import (
     WatchCache,
     WatchListener,
@@ -55,15 +75,24 @@ from discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "ConnectTimeoutError",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_ETCD_ENDPOINTS",
+    "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_INBOX_PREFIX",
     "DEFAULT_NATS_SERVER",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
+    "EtcdRefusedError",
+    "EtcdSettings",
     "EtcdUnavailableError",
+    "HeaderTimeoutProtocol",
     "INSTANCES_ROOT",
+    "KEYS_ROOT",
     "LeaseKeeper",
     "LeaseState",
     "LostCallback",
+    "MAX_RECONNECT_BACKOFF_MS",
     "MDC_ROOT",
     "NATS_CONNECT_TIMEOUT_S",
     "NATS_RECONNECT_CAP_S",
@@ -73,6 +102,7 @@ __all__ = [
     "NatsSettings",
     "NatsSettingsError",
     "NatsState",
+    "RERESOLVE_INTERVAL_S",
     "StateListener",
     "WORKER_INBOX_PREFIX",
     "WatchCache",
@@ -83,11 +113,14 @@ __all__ = [
     "card_prefix",
     "configure_logging",
     "connect_etcd",
+    "connect_with_retry",
     "instance_key",
     "instance_prefix",
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
-    "parse_endpoint",
+    "parse_endpoints",
     "parse_nats_servers",
+    "unless_stopped",
+    "with_header_timeout",
 ]

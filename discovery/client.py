@@ -1,39 +1,146 @@
-"""Connect to etcd and translate its client's exceptions into ours at the boundary."""
+"""Connect to etcd and translate its client's exceptions into ours at the boundary.
+
+The channel is ours, not aetcd's: it spans every ``ETCD_ENDPOINTS`` member, speaks TLS
+for ``https://``, carries an auth token that is renewed when etcd forgets it, and
+reconnects within half a second of etcd's return however long it was gone.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import time
 from collections.abc import Iterator
-from typing import Final
-from urllib.parse import urlsplit
+from typing import Any, Final
 
 import aetcd
 import grpc
-from aetcd import rpc
+import structlog
+from aetcd import rpc, watcher
 
-from discovery.errors import EtcdUnavailableError
+from discovery._auth import TokenInterceptor, is_stale_token
+from discovery._channel import (
+    MAX_RECONNECT_BACKOFF_MS,
+    ChannelPlan,
+    Resolver,
+    needs_resolving,
+    open_channel,
+    plan_channel,
+    resolve_host,
+)
+from discovery.errors import EtcdRefusedError, EtcdUnavailableError
+from discovery.keys import INSTANCES_ROOT, KEYS_ROOT
+from discovery.settings import EtcdSettings
 
-__all__ = ["ETCD_OP_TIMEOUT_S", "EtcdClient", "connect_etcd", "parse_endpoint"]
+__all__ = [
+    "ETCD_OP_TIMEOUT_S",
+    "EtcdClient",
+    "MAX_RECONNECT_BACKOFF_MS",
+    "RERESOLVE_INTERVAL_S",
+    "connect_etcd",
+]
+
+log = structlog.get_logger(__name__)
 
 ETCD_OP_TIMEOUT_S: Final = 3
 """Every etcd call fails after this long, so an unreachable etcd never hangs a request."""
 
-_DEFAULT_PORT: Final = 2379
-_CHANNEL_OPTIONS: Final = {"grpc.use_local_subchannel_pool": 1}
-"""Each client its own connections: gRPC otherwise shares them process-wide, and a new
-client would inherit another's reconnect backoff and fail at once after an etcd restart."""
+RERESOLVE_INTERVAL_S: Final = 2.0
+"""While no member answers, look their names up again at most this often: a member that
+moved (a new pod, a new container) has a new address under its old name."""
+
+_CREDENTIALS_HINT: Final = "ETCD_AUTH_USERNAME and ETCD_AUTH_PASSWORD"
+_TLS_HINT: Final = (
+    "ETCD_AUTH_CA (the CA that signed etcd's certificate), ETCD_AUTH_CLIENT_CERT and "
+    "ETCD_AUTH_CLIENT_KEY"
+)
+_ROLE_HINT: Final = f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {KEYS_ROOT})"
+_TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
+_STALE_TOKEN_TEXT: Final = "invalid auth token"
+_NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
+_OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
 
 
 class EtcdClient(aetcd.Client):
-    """An ``aetcd.Client`` that remembers its endpoint for error messages."""
+    """An ``aetcd.Client`` on our channel (members, TLS, token); errors name its endpoints."""
 
-    endpoint: str
+    def __init__(
+        self, settings: EtcdSettings, *, timeout_s: int = ETCD_OP_TIMEOUT_S,
+        resolve: Resolver = resolve_host,
+    ) -> None:  # fmt: skip
+        super().__init__(timeout=timeout_s)
+        self.settings = settings
+        self.endpoint = settings.describe()
+        self._tokens = (
+            TokenInterceptor(settings.username, settings.password, timeout_s)
+            if settings.username is not None and settings.password is not None
+            else None
+        )
+        self._resolve = resolve
+        self._plan: ChannelPlan | None = None
+        self._no_member_answers = False
+        self._resolved_at_s = 0.0
+        self._connect_lock = asyncio.Lock()
+        self._retired: list[tuple[Any, Any]] = []
+
+    async def connect(self) -> None:
+        """Open the channel and its stubs; a new channel when the members' names moved.
+
+        No I/O but a DNS lookup: gRPC connects on the first call.
+        """
+        if self._connected.is_set() and not self._resolve_due():
+            return
+        async with self._connect_lock:
+            if self._connected.is_set() and not self._resolve_due():
+                return
+            self._no_member_answers = False
+            self._resolved_at_s = time.monotonic()
+            plan = await asyncio.to_thread(plan_channel, self.settings, self._resolve)
+            if plan != self._plan:
+                self._open(plan)
+
+    def _resolve_due(self) -> bool:
+        return (
+            self._no_member_answers
+            and needs_resolving(self.settings)
+            and time.monotonic() - self._resolved_at_s >= RERESOLVE_INTERVAL_S
+        )
+
+    def _open(self, plan: ChannelPlan) -> None:
+        if self._plan is not None:  # calls still on the old channel fail and are retried
+            self._retired.append((self.channel, self._watcher))
+            log.info("etcd members moved; new channel", endpoints=self.endpoint, to=plan.target)
+        self._plan = plan
+        self.channel = open_channel(self.settings, plan, self._tokens)
+        if self._tokens is not None:
+            self._tokens.bind(self.channel)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
+        self._connected.set()
+
+    async def close(self) -> None:
+        """Close the channel, and any channel left behind when the members moved."""
+        for channel, old_watcher in self._retired:
+            await old_watcher.shutdown()
+            await channel.close()
+        self._retired.clear()
+        await super().close()
+
+    async def authenticate(self) -> None:
+        """Fetch an auth token now (when a user is configured), so bad credentials show at once."""
+        await self.connect()
+        if self._tokens is not None:
+            await self._tokens.token()
 
     @contextlib.contextmanager
     def errors(self, operation: str, key: str = "") -> Iterator[None]:
         """Turn any etcd client failure inside the block into ``EtcdUnavailableError``.
 
+        Refusals (password, role, certificate) become the permanent ``EtcdRefusedError``.
         A task cancelled during the call stays cancelled: gRPC sometimes reports a call
         cancelled under it as failed (UNAVAILABLE while etcd is down), and a retry loop
         that took that for an etcd error never ended (CI hung in ``LeaseKeeper.aclose``).
@@ -45,9 +152,34 @@ class EtcdClient(aetcd.Client):
         except (TimeoutError, aetcd.ClientError, grpc.RpcError, OSError) as exc:
             if task is not None and task.cancelling() > cancels_before:
                 raise asyncio.CancelledError from exc
-            raise EtcdUnavailableError(
-                endpoint=self.endpoint, operation=operation, key=key, reason=_reason(exc)
-            ) from exc
+            raise self._translate(exc, operation, key) from exc
+
+    def _translate(self, exc: BaseException, operation: str, key: str) -> EtcdUnavailableError:
+        code, reason = _status(exc)
+        check = self._refusal_hint(code, reason.lower())
+        if check is not None:
+            return EtcdRefusedError(
+                endpoint=self.endpoint, operation=operation, reason=reason, check=check
+            )
+        if self._tokens is not None and is_stale_token(exc.__cause__ or exc):
+            self._tokens.forget()  # etcd restarted or the token idled out: log in again
+        if _NO_MEMBER_TEXT in reason:
+            self._no_member_answers = True  # the next call may look the names up again
+        return EtcdUnavailableError(
+            endpoint=self.endpoint, operation=operation, key=key, reason=reason
+        )
+
+    def _refusal_hint(self, code: grpc.StatusCode | None, reason: str) -> str | None:
+        """Which variables to check when etcd refused us for good, else None."""
+        if _STALE_TOKEN_TEXT in reason:
+            return None
+        if "authentication failed" in reason or "user name is empty" in reason:
+            return _CREDENTIALS_HINT
+        if code is grpc.StatusCode.PERMISSION_DENIED or "permission denied" in reason:
+            return _ROLE_HINT
+        if self.settings.tls and any(marker in reason for marker in _TLS_MARKERS):
+            return _TLS_HINT
+        return None
 
     async def keep_lease_alive(self, lease_id: int) -> int:
         """Refresh the lease once and return the TTL etcd gave it (<= 0: the lease is gone).
@@ -69,26 +201,41 @@ class EtcdClient(aetcd.Client):
             call.cancel()
 
 
-def parse_endpoint(endpoints: str) -> tuple[str, int]:
-    """Return host and port of the first of comma-separated ``ETCD_ENDPOINTS`` URLs."""
-    first = endpoints.split(",")[0].strip()
-    parsed = urlsplit(first if "://" in first else f"http://{first}")
-    if not parsed.hostname:
-        raise ValueError(f"ETCD_ENDPOINTS {endpoints!r} names no host (e.g. http://127.0.0.1:2379)")
-    return parsed.hostname, parsed.port or _DEFAULT_PORT
+async def connect_etcd(
+    settings: EtcdSettings | str, *, timeout_s: int = ETCD_OP_TIMEOUT_S,
+    resolve: Resolver = resolve_host,
+) -> EtcdClient:  # fmt: skip
+    """Connect once and check etcd answers and lets us read; raises ``EtcdUnavailableError``.
 
-
-async def connect_etcd(endpoints: str, *, timeout_s: int = ETCD_OP_TIMEOUT_S) -> EtcdClient:
-    """Connect to etcd and check it answers; raises ``EtcdUnavailableError`` otherwise."""
-    host, port = parse_endpoint(endpoints)
-    client = EtcdClient(host=host, port=port, timeout=timeout_s, options=_CHANNEL_OPTIONS)
-    client.endpoint = f"{host}:{port}"
-    with client.errors("connect"):
-        await client.connect()
-        await client.status()
+    One attempt, no retry: callers that want to wait for etcd loop around it and stop
+    on ``EtcdRefusedError`` (``permanent``). A plain string is ``ETCD_ENDPOINTS`` alone.
+    """
+    if isinstance(settings, str):
+        settings = EtcdSettings.from_endpoints(settings)
+    client = EtcdClient(settings, timeout_s=timeout_s, resolve=resolve)
+    try:
+        with client.errors("connect"):
+            await client.authenticate()
+            await client.status()
+            await client.get(INSTANCES_ROOT.encode())  # needs the read permission auth grants
+    except BaseException:
+        await client.close()
+        raise
     return client
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200]
+def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
+    """The gRPC status code (when there is one) and a one-line reason."""
+    rpc_error = next((e for e in (exc, exc.__cause__) if isinstance(e, grpc.aio.AioRpcError)), None)
+    if rpc_error is not None:
+        return rpc_error.code(), _one_line(rpc_error.details() or rpc_error.code().name)
+    return None, _one_line(str(exc) or type(exc).__name__)
+
+
+def _one_line(text: str) -> str:
+    """The first line, with a TLS failure cut to what OpenSSL said (gRPC wraps it thrice)."""
+    first = text.splitlines()[0] if text else ""
+    openssl = _OPENSSL_REASON.search(first)
+    if openssl is not None and "handshake" in first.lower():
+        return f"TLS handshake failed: {openssl.group(1)}"
+    return first[:300]

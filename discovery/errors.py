@@ -4,13 +4,15 @@ Hierarchy::
 
     proto.errors.UnavailableError
     ├── EtcdUnavailableError     an etcd call failed or timed out (endpoint, operation, key)
+    │   └── EtcdRefusedError     etcd refused us: credentials, permissions or TLS; permanent
     └── proto.errors.NatsUnavailableError
         └── NatsConnectError     no NATS server of the list took the connection (worth retrying)
             └── NatsAuthError    a server refused the credentials or TLS (permanent)
     proto.errors.LorafleetError, ValueError
     └── NatsSettingsError        a NATS_* variable is malformed or contradicts another (permanent)
 
-``permanent`` says whether a start-up retry loop should give up at once.
+A start-up retry loop retries these unless ``permanent`` is true: a wrong password or
+an unknown CA does not heal by waiting.
 """
 
 from __future__ import annotations
@@ -19,11 +21,20 @@ from typing import ClassVar
 
 from proto.errors import LorafleetError, NatsUnavailableError, UnavailableError
 
-__all__ = ["EtcdUnavailableError", "NatsAuthError", "NatsConnectError", "NatsSettingsError"]
+__all__ = [
+    "EtcdRefusedError",
+    "EtcdUnavailableError",
+    "NatsAuthError",
+    "NatsConnectError",
+    "NatsSettingsError",
+]
 
 
 class EtcdUnavailableError(UnavailableError):
     """etcd could not be reached or did not answer in time; the operation did not happen."""
+
+    permanent: ClassVar[bool] = False
+    """Whether retrying the same call can never succeed (see ``EtcdRefusedError``)."""
 
     def __init__(self, *, endpoint: str, operation: str, key: str = "", reason: str = "") -> None:
         self.endpoint = endpoint
@@ -33,6 +44,21 @@ class EtcdUnavailableError(UnavailableError):
         super().__init__(
             f"etcd at {endpoint} is unavailable: {operation}{where} failed ({reason}); "
             "check that etcd is running and ETCD_ENDPOINTS points at it"
+        )
+
+
+class EtcdRefusedError(EtcdUnavailableError):
+    """etcd answered but refused us (password, role, certificate); retrying cannot help."""
+
+    permanent: ClassVar[bool] = True
+
+    def __init__(self, *, endpoint: str, operation: str, reason: str, check: str) -> None:
+        self.endpoint = endpoint
+        self.operation = operation
+        self.key = ""
+        self.check = check
+        UnavailableError.__init__(
+            self, f"etcd at {endpoint} refused {operation}: {reason}; check {check}"
         )
 
 

@@ -11,6 +11,7 @@ from typing import Final
 __all__ = [
     "ADAPTERS_ROOT",
     "INSTANCES_ROOT",
+    "KEYS_ROOT",
     "MDC_ROOT",
     "adapter_key",
     "adapters_prefix",
@@ -23,6 +24,8 @@ __all__ = [
     "parse_card_key",
 ]
 
+KEYS_ROOT: Final = "v1/"
+"""Every key lorafleet writes starts with this: the prefix an etcd role must reach."""
 INSTANCES_ROOT: Final = "v1/instances/"
 MDC_ROOT: Final = "v1/mdc/"
 ADAPTERS_ROOT: Final = "v1/adapters/"

@@ -23,7 +23,9 @@ __all__ = ["LeaseKeeper", "LeaseState"]
 
 log = structlog.get_logger(__name__)
 
-MAX_BACKOFF_S: Final = 2.0
+MAX_BACKOFF_S: Final = 0.5
+"""Retry a failed keep-alive at least this often: with the channel's reconnect backoff
+(``MAX_RECONNECT_BACKOFF_MS``) the lease is kept within about 1 s of etcd's return."""
 
 
 class LeaseState(enum.Enum):
@@ -124,8 +126,10 @@ class LeaseKeeper:
             except Exception as exc:
                 failures += 1
                 self._dirty = True
+                # one warning when the trouble starts; ``_set_state`` logs the recovery
+                report = log.warning if self.state is LeaseState.ACTIVE else log.debug
+                report("lease keep-alive failed", lease=f"{self.lease_id:x}", error=str(exc))
                 self._set_state(LeaseState.RECOVERING)
-                log.warning("lease keep-alive failed", lease=f"{self.lease_id:x}", error=str(exc))
                 await asyncio.sleep(backoff_s(failures, cap_s=min(MAX_BACKOFF_S, interval_s)))
 
     async def _keepalive_once(self) -> None:

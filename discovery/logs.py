@@ -1,7 +1,10 @@
 """Structured logging for every lorafleet process (structlog to stderr).
 
 ``LOG_FORMAT=json`` gives one JSON object per line for log collectors; anything
-else a readable console format. ``LOG_LEVEL`` sets the threshold. It lives in
+else a readable console format. ``LOG_LEVEL`` sets the threshold. Libraries'
+lines (nats-py, uvicorn, asyncio, grpc's Python side), warnings, and exceptions
+nobody caught (main thread, other threads, ``__del__``) take the same path, so a
+traceback is a field of one line, never lines of its own. It lives in
 ``discovery`` because both the worker and the frontend need it and neither may
 import the other.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from types import TracebackType
 
 import structlog
 
@@ -52,3 +57,30 @@ def configure_logging(*, process: str, level: str | None = None, fmt: str | None
         )
     )
     logging.basicConfig(handlers=[handler], level=max(threshold, logging.WARNING), force=True)
+    _route_stray_output()
+
+
+def _route_stray_output() -> None:
+    """Send warnings and uncaught exceptions through logging instead of raw stderr."""
+    logging.captureWarnings(True)
+    log = structlog.get_logger("lorafleet.uncaught")
+
+    def on_uncaught(
+        kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        log.critical("uncaught exception", exc_info=(kind, exc, tb))
+
+    def on_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None:
+            exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+            log.error("uncaught exception in thread", thread=getattr(args.thread, "name", None),
+                      exc_info=exc_info)  # fmt: skip
+
+    def on_unraisable(args: sys.UnraisableHookArgs) -> None:
+        exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+        log.error(args.err_msg or "exception ignored", object=repr(args.object)[:200],
+                  exc_info=exc_info if args.exc_value is not None else None)  # fmt: skip
+
+    sys.excepthook = on_uncaught
+    threading.excepthook = on_thread
+    sys.unraisablehook = on_unraisable

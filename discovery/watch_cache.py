@@ -25,7 +25,9 @@ T = TypeVar("T")
 WatchListener: TypeAlias = Callable[[str, "T | None", "T | None"], None]
 """Called as ``listener(key, old, new)``: add has ``old=None``, remove has ``new=None``."""
 
-MAX_BACKOFF_S: Final = 1.0
+MAX_BACKOFF_S: Final = 0.5
+"""Re-list at least this often while etcd is away, so the cache catches up within about
+1 s of its return (the channel reconnects within ``MAX_RECONNECT_BACKOFF_MS``)."""
 
 
 class WatchCache(Generic[T]):
@@ -85,15 +87,19 @@ class WatchCache(Generic[T]):
         failures = 0
         while True:
             try:
-                await self._follow()
-                failures = 0
+                await self._follow()  # ends only by raising
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 failures += 1
-                log.warning("watch interrupted; re-listing", prefix=self.prefix, error=repr(exc))
+                # one warning when the trouble starts and one line when it ends, not one per try
+                report = log.warning if failures == 1 else log.debug
+                report("watch interrupted; re-listing", prefix=self.prefix, error=repr(exc))
                 await asyncio.sleep(backoff_s(failures, cap_s=MAX_BACKOFF_S))
-                await self._relist_quietly()
+                if await self._relist_quietly():
+                    if failures > 1:
+                        log.info("watch resumed", prefix=self.prefix, failed_tries=failures)
+                    failures = 0
 
     async def _follow(self) -> None:
         """Watch from the revision after the last one applied until the stream ends."""
@@ -112,11 +118,14 @@ class WatchCache(Generic[T]):
             await asyncio.shield(watch.cancel())
         raise ConnectionError("watch stream ended")
 
-    async def _relist_quietly(self) -> None:
+    async def _relist_quietly(self) -> bool:
+        """Re-list; False (logged at debug only) while etcd is still away: the loop retries."""
         try:
             await self._relist()
-        except Exception as exc:  # etcd still down: the loop retries
-            log.warning("re-list failed", prefix=self.prefix, error=str(exc))
+        except Exception as exc:
+            log.debug("re-list failed", prefix=self.prefix, error=str(exc))
+            return False
+        return True
 
     async def _relist(self) -> None:
         """Replace the cache with a fresh listing, telling listeners what changed."""

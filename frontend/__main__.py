@@ -2,8 +2,9 @@
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
-a command line. The admin token comes only from ``DYN_ADMIN_TOKEN`` (never a
-flag: command lines are visible to every user of the machine).
+a command line. The admin token comes only from ``DYN_ADMIN_TOKEN``, the
+workers' token only from ``DYN_SYSTEM_AUTH_TOKEN`` (never flags: command lines
+are visible to every user of the machine).
 """
 
 from __future__ import annotations
@@ -15,26 +16,28 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Final
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
 import uvicorn
 from litestar import Litestar
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from discovery.logs import configure_logging
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.app import create_app
 from frontend.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_NAMESPACE,
     DEFAULT_ON_DEMAND_TIMEOUT_S,
+    DEFAULT_SHUTDOWN_GRACE_S,
     FrontendConfig,
 )
 from frontend.dispatcher import DispatchSettings
 from frontend.router import ROUTERS
 
 __all__ = ["build_parser", "config_from_args", "main"]
-
-GRACEFUL_SHUTDOWN_S: Final = 10
 
 
 def _env(name: str, default: str) -> str:
@@ -49,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--http-port", type=int, default=int(_env("DYN_HTTP_PORT", str(DEFAULT_HTTP_PORT))),
         help="env DYN_HTTP_PORT (default 8000)")  # fmt: skip
     add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
-    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"),
+    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
         help="env ETCD_ENDPOINTS")  # fmt: skip
     add("--nats-server", default=_env("NATS_SERVER", "nats://127.0.0.1:4222"),
         help="env NATS_SERVER")  # fmt: skip
@@ -59,10 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="silence after which a worker is pinged (env DYN_STALL_TIMEOUT_S)")  # fmt: skip
     add("--max-attempts", type=int, default=int(_env("DYN_MAX_ATTEMPTS", "3")),
         help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
+    add("--migration-limit", type=int, default=int(_env("DYN_MIGRATION_LIMIT", "3")),
+        help="times one stream may continue on another instance when its own is lost "
+             "(env DYN_MIGRATION_LIMIT, default 3; 0: never)")  # fmt: skip
     add("--on-demand-timeout-s", type=float,
         default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
         help="how long a request for a cold adapter waits for its load "
              "(env DYN_ON_DEMAND_TIMEOUT_S, default 60)")  # fmt: skip
+    add("--connect-timeout-s", type=float,
+        default=float(_env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
+        help="start-up wait for NATS and etcd each, then exit 1 "
+             "(env DYN_CONNECT_TIMEOUT_S, default 60)")  # fmt: skip
+    add("--shutdown-grace", type=float,
+        default=float(_env("DYN_SHUTDOWN_GRACE", str(DEFAULT_SHUTDOWN_GRACE_S))),
+        help="on SIGTERM, cancel requests still running after this "
+             "(env DYN_SHUTDOWN_GRACE, default 10)")  # fmt: skip
+    add("--header-timeout-s", type=float,
+        default=float(_env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
+        help="close connections that send no request head in time "
+             "(env DYN_HEADER_TIMEOUT_S, default 10)")  # fmt: skip
     return parser
 
 
@@ -70,19 +88,36 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     """A validated config from parsed flags (raises ValueError naming the bad one)."""
     return FrontendConfig(
         namespace=args.namespace,
-        etcd_endpoints=args.etcd_endpoints,
+        etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
         nats_server=args.nats_server,
         router=args.router,
         http_host=args.http_host,
         http_port=args.http_port,
-        dispatch=DispatchSettings(stall_s=args.stall_timeout_s, max_attempts=args.max_attempts),
+        dispatch=DispatchSettings(
+            stall_s=args.stall_timeout_s,
+            max_attempts=args.max_attempts,
+            migration_limit=args.migration_limit,
+        ),
         on_demand_timeout_s=args.on_demand_timeout_s,
+        connect_timeout_s=args.connect_timeout_s,
+        shutdown_grace_s=args.shutdown_grace,
+        header_timeout_s=args.header_timeout_s,
         admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
+        worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
     )
 
 
 class _Server(uvicorn.Server):
-    """uvicorn whose SIGTERM/SIGINT end the process with status 0 instead of re-raising."""
+    """uvicorn whose SIGTERM/SIGINT end the process with status 0 instead of re-raising,
+    and also stop a start-up still waiting for NATS or etcd (``on_exit``)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -122,10 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("uvicorn.error").addFilter(_ExplainedStartupFailure(app))
     server = _Server(
         uvicorn.Config(
-            app, host=config.http_host, port=config.http_port,
-            loop="uvloop", http="httptools", lifespan="on", access_log=False, log_config=None,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, server_header=False,
-        )
+            app, host=config.http_host, port=config.http_port, loop="uvloop",
+            http=with_header_timeout(config.header_timeout_s), lifespan="on", access_log=False,
+            log_config=None, timeout_graceful_shutdown=config.shutdown_grace_s,
+            server_header=False,
+        ),
+        on_exit=app.state.stopping.set,
     )  # fmt: skip
     try:
         server.run()

@@ -8,6 +8,7 @@ error leaves in OpenAI's shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -19,12 +20,13 @@ import structlog
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from discovery.client import connect_etcd
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
+from discovery.startup import connect_with_retry, unless_stopped
 from frontend.config import FrontendConfig
 from frontend.controllers import (
     AdaptersController,
@@ -32,11 +34,13 @@ from frontend.controllers import (
     CompletionsController,
     ModelsController,
     SystemController,
+    VllmLoraController,
 )
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
 from frontend.errors import openai_error, openai_type
 from frontend.generation import GenerationService
+from frontend.json_request import BoundedJsonRequest
 from frontend.metrics import FrontendMetrics
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry
@@ -51,7 +55,14 @@ __all__ = ["create_app"]
 log = structlog.get_logger(__name__)
 
 ENDPOINT_BY_PATH: Final = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-CODE_BY_STATUS: Final = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}
+CODE_BY_STATUS: Final = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+MAX_BODY_BYTES: Final = 10_000_000
+"""Largest HTTP body read (Litestar's default); what reaches a worker must also fit NATS."""
 _MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -61,38 +72,51 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
     config: FrontendConfig = app.state.config
     async with contextlib.AsyncExitStack() as stack:
         try:
-            await _start_services(app, config, stack)
+            started = await unless_stopped(_start_services(app, config, stack), app.state.stopping)
         except LorafleetError as exc:
             log.error("frontend cannot start", error=exc.message)
             app.state.startup_error = exc.message  # says it all: __main__ drops the traceback
             raise
-        log.info("frontend ready", namespace=config.namespace, router=config.router,
-                 models=len(app.state.registry.names()))  # fmt: skip
+        if started is None:  # uvicorn, told to exit, binds and shuts down straight away
+            log.info("frontend stopped during start-up")
+        else:
+            log.info("frontend ready", namespace=config.namespace, router=config.router,
+                     models=len(app.state.registry.names()))  # fmt: skip
         yield
         log.info("frontend stopping", namespace=config.namespace)
 
 
 async def _start_services(
     app: Litestar, config: FrontendConfig, stack: contextlib.AsyncExitStack
-) -> None:
-    """Connect NATS and etcd, start the registry and the request plane; undo via ``stack``."""
+) -> bool:
+    """Connect NATS and etcd, start the registry and the request plane (then True); undo
+    everything via ``stack``."""
     settings = NatsSettings.from_env(config.nats_server)
-    nats = await NatsConnection.connect(
-        settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
-    )
+    nats = await connect_with_retry(
+        lambda: NatsConnection.connect(
+            settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
+        ),
+        service="NATS", url=settings.servers_text, timeout_s=config.connect_timeout_s,
+        check="NATS_SERVER (--nats-server)",
+    )  # fmt: skip
     stack.push_async_callback(nats.aclose)
     plane = await RequestPlane.start(nats)
     stack.push_async_callback(plane.aclose)
-    etcd = await connect_etcd(config.etcd_endpoints)
+    etcd = await connect_with_retry(
+        lambda: connect_etcd(config.etcd),
+        service="etcd", url=config.etcd.describe(), timeout_s=config.connect_timeout_s,
+        check="ETCD_ENDPOINTS (--etcd-endpoints)",
+    )  # fmt: skip
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)
     desired = await DesiredState.start(etcd, config.namespace)
     stack.push_async_callback(desired.aclose)
-    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch)
+    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, app.state.metrics)
     loader = OnDemandLoader(
         registry, plane, app.state.metrics,
         timeout_s=config.on_demand_timeout_s, settings=config.dispatch,
+        worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader)
@@ -103,6 +127,7 @@ async def _start_services(
     app.state.service = GenerationService(resolver, dispatcher, app.state.metrics)
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")
+    return True
 
 
 def _nats_lost(app: Litestar) -> None:
@@ -153,7 +178,7 @@ def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Respo
     if endpoint is not None:
         request.app.state.metrics.rejected(endpoint, status, code)
     error = OpenAIError(message=message, type=openai_type(status), param=param, code=code)
-    return _error_response(status, error)
+    return Response(OpenAIErrorResponse(error=error), status_code=status, headers=exc.headers)
 
 
 def _describe(exc: HTTPException) -> tuple[str, str | None]:
@@ -163,8 +188,12 @@ def _describe(exc: HTTPException) -> tuple[str, str | None]:
         if isinstance(first, dict) and "message" in first:
             return _describe_field(str(first.get("key") or "data"), str(first["message"]))
     detail = exc.detail or "request failed"
-    if exc.status_code == 400 and "JSON" in detail:
-        return f"Invalid request body: {detail}", None
+    if exc.status_code == 413:
+        return f"Request body too large: the frontend reads at most {MAX_BODY_BYTES} bytes", None
+    if exc.status_code == 405:
+        return f"{detail}; allowed: {(exc.headers or {}).get('allow', 'none')}", None
+    if isinstance(exc.__cause__, SerializationException):
+        return f"Invalid request body: not valid JSON: {detail}", None
     return detail, None
 
 
@@ -201,8 +230,11 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
             CompletionsController,
             ModelsController,
             SystemController,
+            VllmLoraController,
         ],
         lifespan=[_lifespan],
+        request_class=BoundedJsonRequest,
+        request_max_body_size=MAX_BODY_BYTES,
         dependencies={
             "registry": Provide(_registry, sync_to_thread=False),
             "plane": Provide(_plane, sync_to_thread=False),
@@ -225,5 +257,6 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
         logging_config=None,
     )
     app.state.config = config
+    app.state.stopping = asyncio.Event()  # set on SIGTERM/SIGINT: ends a waiting start-up
     app.state.metrics = metrics or FrontendMetrics()
     return app

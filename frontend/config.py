@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.settings import EtcdSettings
+from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.dispatcher import DispatchSettings
 from frontend.router import ROUTERS
 
@@ -12,12 +15,14 @@ __all__ = [
     "DEFAULT_HTTP_PORT",
     "DEFAULT_NAMESPACE",
     "DEFAULT_ON_DEMAND_TIMEOUT_S",
+    "DEFAULT_SHUTDOWN_GRACE_S",
     "FrontendConfig",
 ]
 
 DEFAULT_HTTP_PORT: Final = 8000
 DEFAULT_NAMESPACE: Final = "lorafleet"
 DEFAULT_ON_DEMAND_TIMEOUT_S: Final = 60.0
+DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,12 +33,14 @@ class FrontendConfig:
 
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
-        FrontendConfig(etcd_endpoints="http://etcd:2379", nats_server="nats://nats:4222")
-        FrontendConfig(admin_token="s3cret", on_demand_timeout_s=120)
+        FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
+        FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
+        FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
     """
 
     namespace: str = DEFAULT_NAMESPACE
-    etcd_endpoints: str = "http://127.0.0.1:2379"
+    etcd: EtcdSettings = field(default_factory=EtcdSettings)
+    """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
     nats_server: str = "nats://127.0.0.1:4222"
     router: str = "round-robin"
     http_host: str = "0.0.0.0"
@@ -41,8 +48,16 @@ class FrontendConfig:
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     on_demand_timeout_s: float = DEFAULT_ON_DEMAND_TIMEOUT_S
     """How long a request for a cold adapter waits for its on-demand load."""
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    """How long start-up waits for each of NATS and etcd before the process exits 1."""
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    """On SIGTERM, requests still running after this long are cancelled."""
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    """Connections that send no complete request head within this long are closed."""
     admin_token: str | None = field(default=None, repr=False)
     """Bearer token the mutating ``/v1/adapters`` routes require (``DYN_ADMIN_TOKEN``)."""
+    worker_token: str | None = field(default=None, repr=False)
+    """The workers' ``DYN_SYSTEM_AUTH_TOKEN``, sent with on-demand loads over NATS."""
 
     def __post_init__(self) -> None:
         if not self.namespace or "/" in self.namespace or "." in self.namespace:
@@ -51,7 +66,7 @@ class FrontendConfig:
             raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"http_port {self.http_port} is not a TCP port")
-        if self.on_demand_timeout_s <= 0:
-            raise ValueError(
-                f"on_demand_timeout_s must be positive, got {self.on_demand_timeout_s}"
-            )
+        for name in ("on_demand_timeout_s", "connect_timeout_s", "shutdown_grace_s",
+                     "header_timeout_s"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

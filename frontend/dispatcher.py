@@ -5,13 +5,13 @@ subject, or when its replies stall and it does not answer a ``PingRequest``.
 A lost attempt, or one the worker refuses with a retryable error, moves on to
 another instance while nothing has been committed to the client: until the
 first chunk for a stream, until the final chunk for a whole completion.
+A stream lost later is continued elsewhere by ``frontend.token_stream``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,11 +19,13 @@ import msgspec
 import structlog
 
 from frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
+from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.request_plane import Reply, RequestPlane, is_no_responders
 from frontend.router import Router
+from frontend.token_stream import Lookup, TokenStream
 from proto.discovery import Instance
-from proto.errors import LorafleetError, UpstreamError, error_from_info
+from proto.errors import LorafleetError, error_from_info
 from proto.inference import (
     ErrorChunk,
     FinalChunk,
@@ -34,10 +36,10 @@ from proto.inference import (
 )
 
 __all__ = [
+    "Attempt",
     "Completion",
     "DispatchSettings",
     "Dispatcher",
-    "TokenStream",
 ]
 
 log = structlog.get_logger(__name__)
@@ -45,8 +47,6 @@ log = structlog.get_logger(__name__)
 FAILOVER_PAUSE_S: Final = 0.25
 """Wait before re-trying an instance nobody answered for, when no other is left: a worker
 whose NATS node died is back on another node within tens of milliseconds."""
-RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
-"""Worker errors that another instance may not have (shutting down, adapter gone, full)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +57,7 @@ class DispatchSettings:
 
         DispatchSettings()                               # defaults
         DispatchSettings(stall_s=5.0, max_attempts=2)    # slow engines, fewer retries
+        DispatchSettings(migration_limit=0)              # streams never change instance
     """
 
     stall_s: float = 1.0
@@ -64,12 +65,16 @@ class DispatchSettings:
     max_attempts: int = 3
     quarantine_s: float = 5.0
     """How long an instance that was lost gets no new requests (unless no other is left)."""
+    migration_limit: int = 3
+    """How often one stream may continue on another instance (``DYN_MIGRATION_LIMIT``)."""
 
     def __post_init__(self) -> None:
         if self.stall_s <= 0 or self.ping_timeout_s <= 0 or self.quarantine_s < 0:
             raise ValueError("stall_s and ping_timeout_s must be positive, quarantine_s >= 0")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be at least 0, got {self.migration_limit}")
 
 
 @dataclass(kw_only=True)
@@ -84,7 +89,7 @@ class Completion:
 
 
 @dataclass(kw_only=True, slots=True)
-class _Attempt:
+class Attempt:
     """One try of a request on one instance."""
 
     instance: Instance
@@ -92,59 +97,20 @@ class _Attempt:
     request_id: str
 
 
-class TokenStream:
-    """The chunks of a streamed answer; the first one already arrived. ``close()`` when done."""
-
-    def __init__(
-        self, dispatcher: Dispatcher, attempt: _Attempt, request_id: str, first: StreamChunk
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._attempt = attempt
-        self.request_id = request_id
-        self.first = first
-        self.instance = attempt.instance
-        self._done = False
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk | FinalChunk]:
-        """Yield token chunks and the final chunk; raise a ``LorafleetError`` on failure."""
-        chunk = self.first
-        while True:
-            if isinstance(chunk, ErrorChunk):
-                self._done = True
-                raise WorkerError(self.instance.instance_id, error_from_info(chunk.error))
-            yield chunk
-            if isinstance(chunk, FinalChunk):
-                self._done = True
-                return
-            try:
-                chunk = await self._dispatcher._next_chunk(self._attempt)
-            except InstanceLostError as exc:
-                self._done = True
-                lost = UpstreamError(f"it stopped answering mid-stream ({exc.reason})")
-                raise WorkerError(self.instance.instance_id, lost) from exc
-
-    @property
-    def buffered(self) -> bool:
-        """Whether more chunks already arrived, so the next step will not wait."""
-        return self._attempt.reply.pending > 0
-
-    def close(self) -> None:
-        """Release the attempt; if the answer did not finish, cancel it at the worker."""
-        self._dispatcher._finish(self._attempt)
-        if not self._done:
-            self._done = True
-            self._dispatcher.plane.cancel(self.instance.subject, self.request_id)
-
-
 class Dispatcher:
     """Routes generate requests to instances and reads their answers, with retries."""
 
     def __init__(
-        self, plane: RequestPlane, router: Router, settings: DispatchSettings | None = None
+        self,
+        plane: RequestPlane,
+        router: Router,
+        settings: DispatchSettings | None = None,
+        metrics: FrontendMetrics | None = None,
     ) -> None:
         self.plane = plane
         self.router = router
         self.settings = settings or DispatchSettings()
+        self.metrics = metrics or FrontendMetrics()
         self._quarantine: dict[int, float] = {}
 
     async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
@@ -163,10 +129,23 @@ class Dispatcher:
                 self.plane.cancel(attempt.instance.subject, request.request_id)
                 raise
             finally:
-                self._finish(attempt)
+                self.release(attempt)
         raise self._exhausted(served, tried, last)
 
-    async def stream(self, served: ServedModel, request: GenerateRequest) -> TokenStream:
+    async def stream(
+        self, served: ServedModel, request: GenerateRequest, lookup: Lookup | None = None
+    ) -> TokenStream:
+        """Start ``request`` as a stream that migrates to another instance if its own is lost.
+
+        ``lookup`` gives the instances serving the model when the stream migrates (they may
+        have changed since it started); without it, or when it finds none, ``served``'s.
+        """
+        attempt, first = await self.first_chunk(served, request)
+        return TokenStream(self, served, request, attempt, first, lookup)
+
+    async def first_chunk(
+        self, served: ServedModel, request: GenerateRequest
+    ) -> tuple[Attempt, StreamChunk]:
         """Start ``request`` and wait for its first chunk, retrying elsewhere until then."""
         tried: list[int] = []
         forgiven: set[int] = set()
@@ -174,22 +153,22 @@ class Dispatcher:
         while len(tried) < self.settings.max_attempts:
             attempt = await self._start(served, request, tried, last)
             try:
-                first = await self._next_chunk(attempt)
+                first = await self.next_chunk(attempt)
             except InstanceLostError as exc:
-                self._finish(attempt)
+                self.release(attempt)
                 last = self._retryable_or_raise(exc, attempt)
                 await self._forgive_failover(exc, served, tried, forgiven)
                 continue
             except BaseException:
-                self._finish(attempt)
+                self.release(attempt)
                 self.plane.cancel(attempt.instance.subject, request.request_id)
                 raise
             if isinstance(first, ErrorChunk):
                 error = WorkerError(attempt.instance.instance_id, error_from_info(first.error))
-                self._finish(attempt)
+                self.release(attempt)
                 last = self._retryable_or_raise(error, attempt)
                 continue
-            return TokenStream(self, attempt, request.request_id, first)
+            return attempt, first
         raise self._exhausted(served, tried, last)
 
     async def _start(
@@ -198,7 +177,7 @@ class Dispatcher:
         request: GenerateRequest,
         tried: list[int],
         last: LorafleetError | None,
-    ) -> _Attempt:
+    ) -> Attempt:
         pick = self.router.pick if served.parent is None else self.router.pick_least_inflight
         instance = None
         if self._quarantine:
@@ -214,13 +193,13 @@ class Dispatcher:
         except BaseException:
             self.router.finished(instance.instance_id)
             raise
-        return _Attempt(instance=instance, reply=reply, request_id=request.request_id)
+        return Attempt(instance=instance, reply=reply, request_id=request.request_id)
 
-    async def _collect(self, attempt: _Attempt) -> Completion:
+    async def _collect(self, attempt: Attempt) -> Completion:
         parts: list[str] = []
         first_token_at: float | None = None
         while True:
-            chunk = await self._next_chunk(attempt)
+            chunk = await self.next_chunk(attempt)
             if isinstance(chunk, TokenChunk):
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
@@ -233,7 +212,7 @@ class Dispatcher:
             else:
                 raise WorkerError(attempt.instance.instance_id, error_from_info(chunk.error))
 
-    async def _next_chunk(self, attempt: _Attempt) -> StreamChunk:
+    async def next_chunk(self, attempt: Attempt) -> StreamChunk:
         """The next chunk of ``attempt``; raises ``InstanceLostError`` if its worker is gone."""
         instance = attempt.instance
         while True:
@@ -269,24 +248,29 @@ class Dispatcher:
                 del self._quarantine[instance_id]
         return {*tried, *self._quarantine}
 
-    def _finish(self, attempt: _Attempt) -> None:
+    def release(self, attempt: Attempt) -> None:
+        """Stop listening to ``attempt`` and count it done at the router (once)."""
         if not attempt.reply._closed:
             attempt.reply.close()
             self.router.finished(attempt.instance.instance_id)
 
     def _retryable_or_raise(
-        self, exc: InstanceLostError | WorkerError, attempt: _Attempt
+        self, exc: InstanceLostError | WorkerError, attempt: Attempt
     ) -> LorafleetError:
-        if isinstance(exc, WorkerError) and exc.error.code not in RETRYABLE_WORKER_CODES:
+        if isinstance(exc, WorkerError) and not exc.retryable:
             raise exc
+        self.abandon(exc, attempt)
+        log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
+                 reason=exc.message)  # fmt: skip
+        return exc
+
+    def abandon(self, exc: InstanceLostError | WorkerError, attempt: Attempt) -> None:
+        """After losing ``attempt``'s instance: quarantine it, and cancel there if it stalled."""
         if isinstance(exc, InstanceLostError):
             if not exc.link_dropped:  # our own link's fault, not the instance's
                 self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
                 self.plane.cancel(attempt.instance.subject, attempt.request_id)
-        log.info("retrying on another instance", instance=f"{attempt.instance.instance_id:x}",
-                 reason=exc.message)  # fmt: skip
-        return exc
 
     async def _forgive_failover(
         self, exc: LorafleetError, served: ServedModel, tried: list[int], forgiven: set[int]

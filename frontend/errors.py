@@ -3,7 +3,8 @@
 Hierarchy::
 
     proto.errors.InvalidRequestError
-    └── BadFieldError            a request field is wrong (param names it)       400
+    ├── BadFieldError            a request field is wrong (param names it)       400
+    └── PayloadTooLargeError     the request is bigger than NATS carries         413
     proto.errors.NotFoundError
     └── ModelNotFoundError       no live instance serves that name               404
     proto.errors.UnavailableError
@@ -12,7 +13,8 @@ Hierarchy::
     ├── BaseModelUnavailableError  a cold adapter's base model has no instance   503
     └── LoadTimeoutError         an on-demand adapter load took too long         503
     proto.errors.UpstreamError
-    └── WorkerError              a worker answered with an error                 502
+    ├── WorkerError              a worker answered with an error                 502
+    └── LoadUnauthorizedError    a worker refused this frontend's token          502
     proto.errors.LorafleetError
     └── ClientGoneError          the client hung up before a whole answer        499
 
@@ -34,6 +36,7 @@ from proto.errors import (
     UpstreamError,
     http_status,
 )
+from proto.limits import shorten
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
@@ -43,9 +46,12 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
     "LoadTimeoutError",
+    "LoadUnauthorizedError",
     "ModelNotFoundError",
     "NoLiveInstanceError",
     "OPENAI_TYPE_BY_STATUS",
+    "PayloadTooLargeError",
+    "RETRYABLE_WORKER_CODES",
     "WorkerError",
     "http_status",
     "openai_error",
@@ -68,6 +74,8 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
 """OpenAI's error ``type`` by status; anything else is a ``server_error``."""
 
 MAX_NAMES_IN_MESSAGE: Final = 20
+RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
+"""Worker errors that another instance may not have (shutting down, adapter gone, full)."""
 
 
 def openai_type(status: int) -> str:
@@ -98,6 +106,21 @@ class BadFieldError(InvalidRequestError):
         super().__init__(f"Invalid request: {param}: {problem}")
 
 
+class PayloadTooLargeError(InvalidRequestError):
+    """A request would not fit in one NATS message (the server's ``max_payload``)."""
+
+    code: ClassVar[str] = "payload_too_large"
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"Request too large: it takes {size_bytes} bytes for a worker and NATS carries at "
+            f"most {limit_bytes} bytes in one message (the NATS server's max_payload); "
+            "shorten the prompt or messages"
+        )
+
+
 class ClientGoneError(LorafleetError):
     """The client hung up while its whole (non-streamed) answer was being generated."""
 
@@ -125,7 +148,7 @@ class ModelNotFoundError(NotFoundError):
             else ""
         )
         super().__init__(
-            f"The model {model!r} does not exist or no live instance serves it; "
+            f"The model {shorten(model)!r} does not exist or no live instance serves it; "
             f"available models: {shown}{more}"
         )
 
@@ -202,7 +225,27 @@ class WorkerError(UpstreamError):
         super().__init__(f"Worker instance {instance_id:x} failed: {error.message}")
 
     @property
+    def retryable(self) -> bool:
+        """Whether another instance may not have this error (shutting down, adapter gone, full)."""
+        return self.error.code in RETRYABLE_WORKER_CODES
+
+    @property
     def status(self) -> int:
         """502, or the worker error's own status when the caller is at fault (4xx)."""
         own = http_status(self.error.code)
         return own if 400 <= own < 500 else 502
+
+
+class LoadUnauthorizedError(UpstreamError):
+    """A worker refused an on-demand load for want of its token: the operator's fault, not
+    the client's, hence 502 and not 401."""
+
+    param = "model"
+
+    def __init__(self, adapter: str, instance_id: int) -> None:
+        self.adapter = adapter
+        self.instance_id = instance_id
+        super().__init__(
+            f"Adapter {adapter!r} could not be loaded: worker instance {instance_id:x} refused "
+            "this frontend's token; set the frontend's DYN_SYSTEM_AUTH_TOKEN to the workers'"
+        )

@@ -11,6 +11,7 @@ A client that hangs up cancels its request at the worker, streamed or not.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import weakref
@@ -22,12 +23,13 @@ import structlog
 from litestar.response import Stream
 from litestar.types import Receive
 
-from frontend.dispatcher import Dispatcher, TokenStream
+from frontend.dispatcher import Dispatcher
 from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError, openai_error
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.resolver import ModelResolver
 from frontend.shapes import SSE_DONE, Answer, Shape, sse
+from frontend.token_stream import TokenStream
 from proto.errors import LorafleetError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from proto.openai import ChatCompletionRequest, CompletionRequest
@@ -131,7 +133,8 @@ class GenerationService:
         started: float,
     ) -> Stream:
         try:
-            tokens = await self._dispatch(self.dispatcher.stream, served, request)
+            stream = functools.partial(self.dispatcher.stream, lookup=self.resolver.registry.get)
+            tokens = await self._dispatch(stream, served, request)
         except BaseException as exc:
             self.metrics.ended(answer.model, shape.endpoint)
             if isinstance(exc, LorafleetError):

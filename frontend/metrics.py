@@ -1,4 +1,4 @@
-"""Prometheus metrics of one frontend: requests, errors, latencies, on-demand adapter loads.
+"""Prometheus metrics of one frontend: requests, errors, latencies, migrations, on-demand loads.
 
 Each frontend app owns its own ``CollectorRegistry``, so several apps can live
 in one process (tests). Labels are the served model name (``""`` for a name
@@ -51,6 +51,11 @@ class FrontendMetrics:
             "lorafleet_frontend_inflight_requests", "Generate requests in progress",
             labels, registry=self.registry,
         )  # fmt: skip
+        self.migrations = Counter(
+            "lorafleet_frontend_stream_migrations",
+            "Streams continued on another instance after theirs was lost",
+            ["model"], registry=self.registry,
+        )  # fmt: skip
         self.on_demand_loads = Counter(
             "lorafleet_frontend_on_demand_loads", "On-demand adapter loads, by outcome",
             ["outcome"], registry=self.registry,
@@ -87,6 +92,10 @@ class FrontendMetrics:
     def first_token_after(self, model: str, endpoint: str, seconds: float) -> None:
         """Record the time to the first token."""
         self._child(self.first_token, model, endpoint).observe(seconds)
+
+    def migrated(self, model: str) -> None:
+        """Count one stream continued on another instance."""
+        self._child(self.migrations, model).inc()
 
     def on_demand_load(self, outcome: str, seconds: float) -> None:
         """Count one on-demand load (``ok`` or an error code) and how long it took."""

@@ -3,7 +3,8 @@
 The instances serving the adapter's base model with LoRA management on (their
 base card's ``runtime_config.enable_lora``) are tried in rendezvous order (the
 instances and order every worker's placement uses) with the lifecycle's ``load_lora``
-over NATS. Concurrent requests for the same cold adapter share one load; the
+over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``) when one is
+set. Concurrent requests for the same cold adapter share one load; the
 load runs in its own task, so a client that gives up does not cancel it. The
 answer is the served model once this frontend's registry shows the new card.
 """
@@ -23,16 +24,19 @@ from frontend.errors import (
     BaseModelUnavailableError,
     InstanceLostError,
     LoadTimeoutError,
+    LoadUnauthorizedError,
     WorkerError,
 )
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ModelRegistry, ServedModel
 from frontend.request_plane import Reply, RequestPlane, is_no_responders
 from proto.adapters import AdapterSpec, LoadLoraRequest
+from proto.auth import bearer_header
 from proto.discovery import Instance
-from proto.errors import HTTP_STATUS_BY_CODE, ErrorInfo, LorafleetError, error_from_info
+from proto.errors import ErrorInfo, LorafleetError, UnauthorizedError, error_from_info
 from proto.inference import UpdateReply, UpdateRequest
 from proto.placement import rendezvous_order
+from proto.uris import public_uri
 
 __all__ = ["LOAD_UPDATE", "OnDemandLoader", "TRY_NEXT_CODES"]
 
@@ -41,7 +45,6 @@ log = structlog.get_logger(__name__)
 LOAD_UPDATE: Final = "update/load_lora"
 TRY_NEXT_CODES: Final = frozenset({"capacity", "not_found", "unavailable"})
 """Load failures another instance may not have: full, no LoRA management, starting up."""
-_CODE_BY_STATUS: Final = {status: code for code, status in HTTP_STATUS_BY_CODE.items()}
 
 
 class OnDemandLoader:
@@ -55,12 +58,14 @@ class OnDemandLoader:
         *,
         timeout_s: float,
         settings: DispatchSettings | None = None,
+        worker_token: str | None = None,
     ) -> None:
         self._registry = registry
         self._plane = plane
         self._metrics = metrics
         self.timeout_s = timeout_s
         self._settings = settings or DispatchSettings()
+        self._headers = bearer_header(worker_token)
         self._loads: dict[str, asyncio.Task[ServedModel]] = {}
 
     async def load(self, spec: AdapterSpec) -> ServedModel:
@@ -144,14 +149,22 @@ class OnDemandLoader:
 
     async def _load_on(self, instance: Instance, spec: AdapterSpec) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""
-        body = msgspec.to_builtins(LoadLoraRequest(lora_name=spec.name, source=spec.source))
-        reply = await self._plane.open(instance.subject, UpdateRequest(name=LOAD_UPDATE, body=body))
+        update = UpdateRequest.of(
+            LOAD_UPDATE, LoadLoraRequest(lora_name=spec.name, source=spec.source)
+        )
+        reply = await self._plane.open(instance.subject, update, headers=self._headers)
         try:
             answer = await self._answer(instance, reply)
         finally:
             reply.close()
-        if answer.status_code != 200:
-            raise WorkerError(instance.instance_id, _error_of(answer))
+        error = _error_of(answer, spec)
+        if error is None:
+            return
+        if error.code == UnauthorizedError.code:
+            log.error("worker refused this frontend's token", instance=f"{instance.instance_id:x}",
+                      hint="set DYN_SYSTEM_AUTH_TOKEN to the workers' token")  # fmt: skip
+            raise LoadUnauthorizedError(spec.name, instance.instance_id)
+        raise WorkerError(instance.instance_id, error)
 
     async def _answer(self, instance: Instance, reply: Reply) -> UpdateReply:
         """Wait for the update's answer, pinging the instance whenever it is silent."""
@@ -184,11 +197,21 @@ class OnDemandLoader:
         return served
 
 
-def _error_of(answer: UpdateReply) -> LorafleetError:
-    body = answer.body
-    code = str(body.get("code") or _CODE_BY_STATUS.get(answer.status_code, "upstream_error"))
-    message = str(body.get("message") or f"load_lora answered HTTP {answer.status_code}")
-    return error_from_info(ErrorInfo(code=code, message=message))
+def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError | None:
+    """The worker's error (None on success) as the chat client may see it: a source error's
+    reason beside the public form of the URI, never the worker's paths or operator's hint."""
+    info = answer.error
+    if info is None and answer.status_code == 200:
+        return None
+    if info is None:  # a worker from before typed errors: its status is all we trust
+        info = ErrorInfo(
+            code="upstream_error", message=f"load_lora answered HTTP {answer.status_code}"
+        )
+    if info.reason:
+        info = ErrorInfo(
+            code=info.code, message=f"LoRA source {public_uri(spec.source.uri)}: {info.reason}"
+        )
+    return error_from_info(info)
 
 
 def _code(exc: LorafleetError) -> str:

@@ -18,6 +18,7 @@ from discovery.client import EtcdClient
 from discovery.keys import card_prefix, instance_prefix, parse_card_key
 from discovery.watch_cache import WatchCache
 from proto.discovery import Instance, ModelDeploymentCard, decode_card, decode_instance
+from proto.uris import public_uri
 
 __all__ = ["ModelRegistry", "ServedModel", "build_index"]
 
@@ -43,11 +44,12 @@ class ServedModel:
 
     @property
     def root(self) -> str:
-        """Where the weights come from: the adapter's URI or the base model's path."""
+        """Where the weights come from (the adapter's URI, the base model's path or hub id),
+        as anyone may see it: no secrets, no paths on a worker's disk (``public_uri``)."""
         lora = self.card.lora
         if lora is not None:
-            return lora.uri or lora.local_path or self.name
-        return self.card.source_path or self.name
+            return public_uri(lora.uri or lora.local_path or self.name)
+        return public_uri(self.card.source_path or self.name)
 
     @property
     def created(self) -> int:

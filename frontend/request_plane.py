@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from discovery.nats_connection import NatsConnection, NatsState
+from frontend.errors import PayloadTooLargeError
 from proto.errors import NatsUnavailableError, UnavailableError
 from proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
 
@@ -132,8 +133,15 @@ class RequestPlane:
         """How many requests wait for replies right now."""
         return len(self._replies)
 
-    async def open(self, subject: str, message: msgspec.Struct) -> Reply:
-        """Publish ``message`` to ``subject`` with a fresh reply subject and return it."""
+    async def open(
+        self, subject: str, message: msgspec.Struct, *, headers: dict[str, str] | None = None
+    ) -> Reply:
+        """Publish ``message`` (with NATS ``headers``) to ``subject`` with a fresh reply subject.
+
+        Raises ``NatsUnavailableError`` when the connection stays down for the grace, and
+        ``PayloadTooLargeError`` (413), before publishing anything, when the encoded
+        message exceeds the server's ``max_payload`` (from its INFO).
+        """
         if not await self.connection.wait_connected(NATS_RECONNECT_GRACE_S):
             servers = self.connection.settings.servers_text
             raise NatsUnavailableError(
@@ -141,11 +149,14 @@ class RequestPlane:
                 "worker can be reached; check nats-server and NATS_SERVER",
                 subject=subject,
             )
+        payload = encode_msg(message)
+        if len(payload) > self.nc.max_payload:
+            raise PayloadTooLargeError(len(payload), self.nc.max_payload)
         token = format(next(self._tokens), "x")
         reply = Reply(self, token, self._inbox + token)
         self._replies[token] = reply
         try:
-            await self.nc.publish(subject, encode_msg(message), reply=reply.subject)
+            await self.nc.publish(subject, payload, reply=reply.subject, headers=headers)
         except Exception as exc:
             reply.close()
             raise UnavailableError(f"cannot publish to NATS subject {subject!r}: {exc}") from exc

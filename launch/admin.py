@@ -18,6 +18,7 @@ import httpx
 
 from discovery.client import connect_etcd
 from discovery.keys import instance_prefix
+from discovery.settings import EtcdSettings
 from proto.discovery import decode_instance
 
 __all__ = [
@@ -31,13 +32,13 @@ __all__ = [
 ]
 
 
-async def worker_urls(etcd_endpoints: str, namespace: str) -> list[str]:
+async def worker_urls(etcd: EtcdSettings, namespace: str) -> list[str]:
     """System URLs of every live worker in ``namespace``."""
-    etcd = await connect_etcd(etcd_endpoints)
+    etcd_client = await connect_etcd(etcd)
     try:
-        listing = await etcd.get_prefix(instance_prefix(namespace).encode())
+        listing = await etcd_client.get_prefix(instance_prefix(namespace).encode())
     finally:
-        await etcd.close()
+        await etcd_client.close()
     return sorted({decode_instance(kv.value).system_url for kv in listing})
 
 
@@ -131,6 +132,6 @@ def list_models(frontend_url: str) -> int:
     return 0
 
 
-def discover(etcd_endpoints: str, namespace: str) -> list[str]:
+def discover(etcd: EtcdSettings, namespace: str) -> list[str]:
     """Synchronous wrapper of ``worker_urls`` for the CLI."""
-    return asyncio.run(worker_urls(etcd_endpoints, namespace))
+    return asyncio.run(worker_urls(etcd, namespace))

@@ -7,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+from discovery.errors import EtcdUnavailableError
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+
 __all__ = ["main"]
 
 
@@ -24,8 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     up.add_argument("--state-dir", type=Path, default=Path(".lorafleet"))
     up.add_argument("--secure", action="store_true",
-                    help="generate credentials under STATE_DIR/secrets and turn on NATS "
-                         "authorization (deploy/nats/auth.conf)")  # fmt: skip
+                    help="generate certificates, users and passwords under STATE_DIR/secure: "
+                         "etcd with TLS and auth, NATS with authorization "
+                         "(deploy/nats/auth.conf)")  # fmt: skip
     commands.add_parser("worker", help="run a worker (same flags as python -m worker)")
     commands.add_parser("frontend", help="run a frontend (same flags as python -m frontend)")
     lora = commands.add_parser(
@@ -36,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     lora.add_argument("name", nargs="?")
     lora.add_argument("uri", nargs="?")
     lora.add_argument("--worker", action="append", help="a worker's status URL (repeatable)")
-    lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
+    lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
     lora.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     lora.add_argument("--base-model", help="apply: the base model the adapter was trained for")
     lora.add_argument("--replicas", type=_replicas, default=1,
@@ -116,5 +120,11 @@ def _lora(args: argparse.Namespace) -> int:
     if args.action == "load" and not args.uri:
         print("lorafleet lora load needs a NAME and a URI (file://, s3://, ...)", file=sys.stderr)
         return 2
-    workers = args.worker or discover(args.etcd_endpoints, args.namespace)
+    try:
+        workers = args.worker or discover(
+            EtcdSettings.from_env(endpoints=args.etcd_endpoints), args.namespace
+        )
+    except (ValueError, EtcdUnavailableError) as exc:  # one line, no traceback
+        print(f"lorafleet lora {args.action}: {exc}", file=sys.stderr)
+        return 1
     return lora_command(args.action, name=args.name, uri=args.uri, workers=workers)

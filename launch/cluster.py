@@ -23,6 +23,7 @@ from typing import IO, Final
 
 import httpx
 
+from discovery.settings import EtcdSettings
 from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
 
@@ -55,7 +56,8 @@ class ClusterOptions:
     """Adapters to load by name and URI; None means the demo's pirate and robot."""
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
     secure: bool = False
-    """Credentials generated under ``state_dir/secrets``; NATS with ``deploy/nats/auth.conf``."""
+    """Generate certificates, users and passwords under ``state_dir/secure``: etcd with TLS
+    and auth, NATS with ``deploy/nats/auth.conf``."""
 
 
 @dataclass
@@ -70,9 +72,9 @@ def run_cluster(options: ClusterOptions) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ExitStack() as stack:
-        etcd, nats, nats_env = _start_servers(options, stack)
+        (etcd, etcd_settings, etcdctl_flags), nats, nats_env = _start_servers(options, stack)
         env = {
-            "ETCD_ENDPOINTS": etcd.url,
+            **etcd_settings.env(),
             "NATS_SERVER": nats.url,
             "DYN_NAMESPACE": options.namespace,
         }
@@ -88,7 +90,7 @@ def run_cluster(options: ClusterOptions) -> int:
         frontend_url = f"http://127.0.0.1:{options.http_port}"
         _wait_ready([frontend_url, *worker_urls], children)
         _load_adapters(worker_urls, adapters)
-        _print_next_steps(options, frontend_url, worker_urls, adapters, etcd)
+        _print_next_steps(options, frontend_url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
             while not stop.is_set() and all(c.process.poll() is None for c in children):
                 stop.wait(0.5)
@@ -112,11 +114,11 @@ def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
 
 def _start_servers(
     options: ClusterOptions, stack: ExitStack
-) -> tuple[LocalServer, LocalServer, Callable[[str], dict[str, str]]]:
+) -> tuple[tuple[LocalServer, EtcdSettings, str], LocalServer, Callable[[str], dict[str, str]]]:
     data = options.state_dir.resolve()
     shutil.rmtree(data / "servers", ignore_errors=True)  # a fresh etcd: nothing stale
-    etcd = start_etcd(data / "servers", port=_port_or_free(2379))
-    stack.callback(etcd.stop)
+    etcd = _start_etcd(options, data)
+    stack.callback(etcd[0].stop)
     nats, nats_env = _start_nats(options, data)
     stack.callback(nats.stop)
     return etcd, nats, nats_env
@@ -132,6 +134,18 @@ def _start_nats(
     credentials: NatsCredentials = nats_credentials(data)
     nats = start_secure_nats(data / "servers", credentials, namespace=options.namespace, port=port)
     return nats, credentials.client_env
+
+
+def _start_etcd(options: ClusterOptions, data: Path) -> tuple[LocalServer, EtcdSettings, str]:
+    """etcd, the settings its clients need and etcdctl's flags for it."""
+    port = _port_or_free(2379)
+    if not options.secure:
+        etcd = start_etcd(data / "servers", port=port)
+        return etcd, EtcdSettings.from_endpoints(etcd.url), f"--endpoints {etcd.url}"
+    from launch.secure_etcd import start_secure_etcd
+
+    secure = start_secure_etcd(data, data / "servers", port=port)
+    return secure.server, secure.settings, secure.etcdctl_flags()
 
 
 def _port_or_free(preferred: int) -> int:
@@ -222,6 +236,7 @@ def _print_next_steps(
     worker_urls: list[str],
     adapters: dict[str, str],
     etcd: LocalServer,
+    etcdctl_flags: str,
 ) -> None:
     etcdctl = Path(sys.executable).parent / "etcdctl"
     chat = (
@@ -237,7 +252,7 @@ def _print_next_steps(
             f"-d '{chat % name}'"
             for name in [options.served_model_name, *adapters]
         ),
-        f"  {etcdctl} --endpoints {etcd.url} get --prefix v1/mdc/",
+        f"  {etcdctl} {etcdctl_flags} get --prefix v1/mdc/",
         f"  curl -s {worker_urls[0]}/v1/loras",
         f"Logs: prefixed by process above; etcd and NATS logs in {etcd.data_dir}",
         "Press Ctrl-C to stop everything.",

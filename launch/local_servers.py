@@ -19,16 +19,23 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from launch.tls_files import TlsFiles
 
 __all__ = [
+    "EtcdMemberArgs",
     "LocalServer",
+    "etcd_member_args",
     "find_binary",
     "free_port",
+    "launch",
     "start_etcd",
     "start_nats",
     "start_nats_cluster",
     "stop_process",
+    "wait_healthy",
 ]
 
 START_TIMEOUT_S: Final = 15.0
@@ -47,6 +54,8 @@ class LocalServer:
     log_path: Path
     process: subprocess.Popen[bytes]
     restart_args: list[str]
+    health_url: str = ""
+    """Plain-HTTP ``/health`` of an etcd (its metrics listener); empty for NATS."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """Extra environment of the server (e.g. the passwords its config file reads)."""
 
@@ -62,10 +71,14 @@ class LocalServer:
     def restart(self) -> None:
         """Start the server again on the same port with the same data directory."""
         self.stop()
-        restarted = _spawn(
-            self.name, self.restart_args, self.data_dir, self.url, _health(self), self.env
-        )
+        self.start_again()
+
+    def start_again(self) -> None:
+        """Start the stopped server again (same port, same data) and wait until healthy."""
+        restarted = launch(self.name, self.restart_args, self.data_dir, self.url,
+                           health_url=self.health_url, env=self.env)  # fmt: skip
         self.process = restarted.process
+        wait_healthy(self)
 
 
 def stop_process(
@@ -103,20 +116,57 @@ def find_binary(name: str) -> Path:
     return Path(found)
 
 
-def start_etcd(data_dir: Path, *, port: int | None = None) -> LocalServer:
-    """Start etcd with its data in ``data_dir`` and wait until ``/health`` says true."""
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = [
-        str(find_binary("etcd")),
-        "--name=lorafleet",
-        f"--data-dir={data_dir / 'etcd'}",
-        f"--listen-client-urls={url}",
-        f"--advertise-client-urls={url}",
-        f"--listen-peer-urls=http://127.0.0.1:{free_port()}",
-        "--log-level=warn",
-    ]
-    return _spawn("etcd", args, data_dir, url, _etcd_healthy(url))
+def start_etcd(
+    data_dir: Path, *, port: int | None = None, tls: TlsFiles | None = None
+) -> LocalServer:
+    """Start etcd with its data in ``data_dir`` and wait until ``/health`` says true.
+
+    With ``tls`` clients must speak TLS and present a certificate the same CA signed.
+    Health is read from a plain-HTTP metrics listener, which needs no certificate.
+    """
+    (member,) = etcd_member_args(data_dir, [port or free_port()], tls=tls)
+    return _spawn("etcd", member.args, data_dir, member.url, _etcd_healthy(member.health_url),
+                  health_url=member.health_url)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EtcdMemberArgs:
+    """How to start one etcd member: its command line, client URL and health URL."""
+
+    args: list[str]
+    url: str
+    health_url: str
+
+
+def etcd_member_args(
+    data_dir: Path, client_ports: list[int], *, tls: TlsFiles | None = None
+) -> list[EtcdMemberArgs]:
+    """Command lines for a cluster of ``len(client_ports)`` members (one: a lone etcd)."""
+    scheme = "https" if tls else "http"
+    names = [f"lorafleet{i}" if len(client_ports) > 1 else "lorafleet" for i in client_ports]
+    peers = [f"http://127.0.0.1:{free_port()}" for _ in client_ports]
+    cluster = ",".join(f"{n}={p}" for n, p in zip(names, peers, strict=True))
+    members = []
+    for name, peer, port in zip(names, peers, client_ports, strict=True):
+        url, health = f"{scheme}://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"
+        args = [
+            str(find_binary("etcd")), f"--name={name}", f"--data-dir={data_dir / name}",
+            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster={cluster}", "--initial-cluster-token=lorafleet",
+            f"--listen-metrics-urls={health}", "--log-level=warn", *_tls_args(tls),
+        ]  # fmt: skip
+        members.append(EtcdMemberArgs(args, url, health))
+    return members
+
+
+def _tls_args(tls: TlsFiles | None) -> list[str]:
+    if tls is None:
+        return []
+    return [
+        f"--cert-file={tls.server_cert}", f"--key-file={tls.server_key}",
+        f"--trusted-ca-file={tls.ca_cert}", "--client-cert-auth",
+    ]  # fmt: skip
 
 
 def start_nats(
@@ -142,7 +192,7 @@ def start_nats(
         args += ["-js", "-sd", str(data_dir / "jetstream")]
     args += extra_args
     url = f"nats://127.0.0.1:{port}"
-    return _spawn(name, args, data_dir, url, _nats_healthy(port), dict(env or {}))
+    return _spawn(name, args, data_dir, url, _nats_healthy(port), env=dict(env or {}))
 
 
 def start_nats_cluster(
@@ -198,13 +248,24 @@ def _nats_cluster_size(port: int) -> int:
 
 
 def _spawn(
+    name: str, args: list[str], data_dir: Path, url: str, healthy: Callable[[], bool],
+    *, health_url: str = "", env: dict[str, str] | None = None,
+) -> LocalServer:  # fmt: skip
+    server = launch(name, args, data_dir, url, health_url=health_url, env=env)
+    wait_healthy(server, healthy)
+    return server
+
+
+def launch(
     name: str,
     args: list[str],
     data_dir: Path,
     url: str,
-    healthy: Callable[[], bool],
+    *,
+    health_url: str = "",
     env: dict[str, str] | None = None,
 ) -> LocalServer:
+    """Start a server process without waiting for it (cluster members wait for each other)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log:
@@ -213,18 +274,23 @@ def _spawn(
             start_new_session=True, env={**os.environ, **(env or {})},
         )  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
-    server = LocalServer(name, url, port, data_dir, log_path, process, args, env or {})
+    return LocalServer(name, url, port, data_dir, log_path, process, args, health_url, env or {})
+
+
+def wait_healthy(server: LocalServer, healthy: Callable[[], bool] | None = None) -> None:
+    """Wait until ``server`` answers its health check; kill it and raise if it never does."""
+    healthy = healthy or _health(server)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not healthy():
-        if process.poll() is not None or time.monotonic() > deadline:
+        if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop(kill=True)
-            raise RuntimeError(f"{name} did not become healthy at {url}; see {log_path}")
+            raise RuntimeError(f"{server.name} did not become healthy at {server.url}; "
+                               f"see {server.log_path}")  # fmt: skip
         time.sleep(_POLL_INTERVAL_S)
-    return server
 
 
 def _health(server: LocalServer) -> Callable[[], bool]:
-    return _etcd_healthy(server.url) if server.name == "etcd" else _nats_healthy(server.port)
+    return _etcd_healthy(server.health_url) if server.health_url else _nats_healthy(server.port)
 
 
 def _etcd_healthy(url: str) -> Callable[[], bool]:

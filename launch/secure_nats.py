@@ -1,6 +1,6 @@
 """The NATS half of ``lorafleet up --secure``: local passwords, NATS with authorization on.
 
-Passwords are generated once per state directory into ``secrets/nats.json`` (mode
+Passwords are generated once per state directory into ``secure/nats.json`` (mode
 0600, under the ignored ``.lorafleet/``; never checked in) and handed to nats-server,
 which reads them into ``deploy/nats/auth.conf``, and to each process as
 ``NATS_AUTH_USERNAME``/``NATS_AUTH_PASSWORD`` of its role.
@@ -54,7 +54,7 @@ class NatsCredentials:
 
 def nats_credentials(state_dir: Path) -> NatsCredentials:
     """The passwords of ``state_dir``, generated the first time (readable by the owner only)."""
-    path = state_dir / "secrets" / "nats.json"
+    path = state_dir / "secure" / "nats.json"
     if path.exists():
         return NatsCredentials(json.loads(path.read_text()))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

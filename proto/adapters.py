@@ -9,16 +9,18 @@ which desired states are.
 from __future__ import annotations
 
 import re
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
 from proto.errors import InvalidRequestError
+from proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
 
 __all__ = [
     "AdapterList",
     "AdapterSpec",
     "AdapterStatus",
+    "ListLorasRequest",
     "LoadLoraRequest",
     "LoraListResponse",
     "LoraResponse",
@@ -31,6 +33,16 @@ __all__ = [
 ]
 
 MAX_LORA_NAME_CHARS: Final = 256
+MAX_REPLICAS: Final = 65_536
+"""Most copies of one adapter a desired state may ask for (``"all"``: every instance)."""
+
+LoraName = Annotated[str, msgspec.Meta(max_length=MAX_LORA_NAME_CHARS)]
+BaseModelName = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_NAME_CHARS)]
+Uri = Annotated[str, msgspec.Meta(max_length=MAX_URI_CHARS)]
+Replicas = Annotated[
+    Annotated[int, msgspec.Meta(le=MAX_REPLICAS)] | Literal["all"],
+    msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
+]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
@@ -38,20 +50,24 @@ _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
     """Where an adapter comes from: ``file://``, ``s3://`` or a registered scheme."""
 
-    uri: str
+    uri: Uri
 
 
 class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Body of ``POST /engine/update/load_lora`` and ``POST /v1/loras``."""
 
-    lora_name: str
+    lora_name: LoraName
     source: LoraSource
 
 
 class UnloadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Body of ``POST /engine/update/unload_lora``."""
 
-    lora_name: str
+    lora_name: LoraName
+
+
+class ListLorasRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """Body of ``POST /engine/update/list_loras``: nothing is needed (any fields are ignored)."""
 
 
 class LoraResponse(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=False):
@@ -74,10 +90,10 @@ class LoraListResponse(msgspec.Struct, kw_only=True, frozen=True):
 class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     """Desired state of one adapter in the fleet (``v1/adapters/{namespace}/{slug}``)."""
 
-    name: str
-    base_model: str
+    name: LoraName
+    base_model: BaseModelName
     source: LoraSource
-    replicas: int | Literal["all"] = 1
+    replicas: Replicas = 1
     pinned: bool = False
 
 

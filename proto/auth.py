@@ -1,10 +1,14 @@
-"""The bearer-token rule of every mutating admin route; pure, no I/O."""
+"""The bearer-token rule of every mutating admin route and NATS update; pure, no I/O."""
 
 from __future__ import annotations
 
 import hmac
+from typing import Final
 
-__all__ = ["bearer_token_accepted"]
+__all__ = ["AUTHORIZATION_HEADER", "bearer_header", "bearer_token_accepted"]
+
+AUTHORIZATION_HEADER: Final = "Authorization"
+"""The header that carries the token, in HTTP requests and in NATS message headers alike."""
 
 
 def bearer_token_accepted(authorization: str | None, token: str | None) -> bool:
@@ -15,3 +19,8 @@ def bearer_token_accepted(authorization: str | None, token: str | None) -> bool:
     if not token:
         return True
     return hmac.compare_digest((authorization or "").encode(), f"Bearer {token}".encode())
+
+
+def bearer_header(token: str | None) -> dict[str, str] | None:
+    """The ``Authorization: Bearer <token>`` header to send, or None without a token."""
+    return {AUTHORIZATION_HEADER: f"Bearer {token}"} if token else None

@@ -9,7 +9,8 @@ Hierarchy (each package adds its own in its own ``errors.py``)::
     ├── ConflictError              code "conflict"          (HTTP 409)
     ├── CapacityError              code "capacity"          (HTTP 429)
     ├── UnavailableError           code "unavailable"       (HTTP 503)
-    │   └── NatsUnavailableError   code "nats_unavailable"  (HTTP 503)
+    │   ├── NatsUnavailableError   code "nats_unavailable"  (HTTP 503)
+    │   └── ShuttingDownError      code "shutting_down"     (HTTP 503)
     └── UpstreamError              code "upstream_error"    (HTTP 502)
 
 The ``code`` travels in :class:`ErrorInfo` across NATS and HTTP so that the
@@ -31,9 +32,11 @@ __all__ = [
     "LorafleetError",
     "NatsUnavailableError",
     "NotFoundError",
+    "ShuttingDownError",
     "UnauthorizedError",
     "UnavailableError",
     "UpstreamError",
+    "error_body",
     "error_from_info",
     "http_status",
 ]
@@ -44,6 +47,9 @@ class ErrorInfo(msgspec.Struct, kw_only=True, frozen=True):
 
     code: str
     message: str
+    reason: str = ""
+    """Why, in words any client may see (no paths, no operator hints); empty when the
+    message is all there is. A LoRA source error's ``reason``, for instance."""
 
 
 class LorafleetError(Exception):
@@ -58,8 +64,9 @@ class LorafleetError(Exception):
         """Structured context (``lora_name=``, ``uri=``, ...) shown beside the message."""
 
     def to_info(self) -> ErrorInfo:
-        """Return the wire form of this error."""
-        return ErrorInfo(code=self.code, message=self.message)
+        """Return the wire form of this error (its ``reason`` field, if any, travels too)."""
+        reason = self.fields.get("reason")
+        return ErrorInfo(code=self.code, message=self.message, reason=str(reason or ""))
 
 
 class InvalidRequestError(LorafleetError):
@@ -96,6 +103,15 @@ class UnavailableError(LorafleetError):
     """A dependency (etcd, NATS, a live instance) cannot be reached right now."""
 
     code: ClassVar[str] = "unavailable"
+    permanent: ClassVar[bool] = False
+    """True where waiting cannot help (wrong credentials, a bad certificate): the
+    start-up retry loop (``discovery.startup``) gives up at once on those."""
+
+
+class ShuttingDownError(UnavailableError):
+    """The process is stopping and takes no new work; send it elsewhere."""
+
+    code: ClassVar[str] = "shutting_down"
 
 
 class NatsUnavailableError(UnavailableError):
@@ -126,6 +142,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         UnavailableError,
         NatsUnavailableError,
         UpstreamError,
+        ShuttingDownError,
     )
 }
 
@@ -135,6 +152,8 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "unauthorized": 401,
     "not_found": 404,
     "conflict": 409,
+    "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
+    "shutting_down": 503,
     "capacity": 429,
     "internal_error": 500,
     "upstream_error": 502,
@@ -148,6 +167,12 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
 def http_status(code: str) -> int:
     """HTTP status for an error code; unknown codes are internal errors (500)."""
     return HTTP_STATUS_BY_CODE.get(code, 500)
+
+
+def error_body(info: ErrorInfo, **fields: Any) -> dict[str, Any]:
+    """The documented JSON body of a worker's error answer, the one place it is built:
+    ``{"status": "error", "code": ..., "message": ..., **fields}``."""
+    return {"status": "error", "code": info.code, "message": info.message, **fields}
 
 
 def error_from_info(info: ErrorInfo) -> LorafleetError:

@@ -65,6 +65,10 @@ class GenerateRequest(_Message, tag="generate"):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    generated_ids: list[int] = msgspec.field(default_factory=list)
+    """Token ids another instance already generated (and the client received) for this
+    request: the engine continues after them (stream migration). ``max_tokens`` then
+    counts only the tokens still to come, and ``usage`` counts only those too."""
 
 
 class CancelRequest(_Message, tag="cancel"):
@@ -89,12 +93,22 @@ class UpdateRequest(_Message, tag="update"):
     name: str
     body: dict[str, Any] = msgspec.field(default_factory=dict)
 
+    @classmethod
+    def of(cls, name: str, request: msgspec.Struct) -> UpdateRequest:
+        """The update ``name`` carrying ``request``, converted to the wire's JSON object here."""
+        return cls(name=name, body=msgspec.to_builtins(request))
+
 
 class UpdateReply(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer to a ping or an update: the HTTP status the status server would give and its body."""
+    """Answer to a ping or an update: the HTTP status the status server would give and its body.
+
+    ``error`` is set exactly when the update failed; ``body`` is then the error's
+    documented JSON shape (``proto.errors.error_body``), for HTTP callers.
+    """
 
     status_code: int = 200
     body: dict[str, Any] = msgspec.field(default_factory=dict)
+    error: ErrorInfo | None = None
 
 
 InstanceMessage = GenerateRequest | CancelRequest | PingRequest | UpdateRequest
@@ -113,10 +127,15 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class TokenChunk(_Message, tag="token"):
-    """New text; ``tokens`` counts the tokens it holds."""
+    """New text; ``tokens`` counts the tokens it holds, ``token_ids`` are their ids.
+
+    The ids let a frontend continue the answer on another instance, token for token,
+    should this one vanish (empty from engines that do not report them).
+    """
 
     text: str
     tokens: int = 1
+    token_ids: list[int] = msgspec.field(default_factory=list)
 
 
 class FinalChunk(_Message, tag="final"):

@@ -1,16 +1,26 @@
 """HTTP bodies of the frontend's OpenAI-compatible API, requests and responses.
 
 Request Structs carry ``Meta`` constraints so that Litestar validates them and
-documents them in ``/openapi.json``. Fields OpenAI clients send that lorafleet
-does not use are accepted and ignored (msgspec skips unknown fields); never set
-``forbid_unknown_fields`` here. Pure data, no I/O.
+documents them in ``/openapi.json``: every field is bounded (``proto.limits``); text is
+bounded as a whole by what NATS carries to a worker (413 beyond). Fields OpenAI
+clients send that lorafleet does not use are accepted and ignored (msgspec skips
+unknown fields); never set ``forbid_unknown_fields`` here. Pure data, no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
+
+from proto.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_LIST_ITEMS,
+    MAX_MODEL_NAME_CHARS,
+    MAX_SHORT_TEXT_CHARS,
+    MAX_TOKENS_LIMIT,
+)
 
 __all__ = [
     "ChatChoice",
@@ -34,11 +44,31 @@ __all__ = [
     "UsageInfo",
 ]
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1, description="at least 1")]
+MAX_STOP_SEQUENCES: Final = 16
+MAX_STOP_CHARS: Final = 1024
+MAX_N: Final = 128
+
+MaxTokens = Annotated[
+    int, msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT, description="1 to 2**31 - 1 tokens")
+]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0, description="0 to 2")]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0, description="above 0, at most 1")]
-ModelName = Annotated[str, msgspec.Meta(min_length=1, description="a name from /v1/models")]
-Stop = str | list[str] | None
+Seed = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX, description="a 64-bit integer")]
+ModelName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1, max_length=MAX_MODEL_NAME_CHARS, description="a name from /v1/models"
+    ),
+]
+ShortText = Annotated[str, msgspec.Meta(max_length=MAX_SHORT_TEXT_CHARS)]
+StopText = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
+Stop = Annotated[
+    StopText | Annotated[list[StopText], msgspec.Meta(max_length=MAX_STOP_SEQUENCES)] | None,
+    msgspec.Meta(
+        description=f"a string or up to {MAX_STOP_SEQUENCES}, each at most {MAX_STOP_CHARS} "
+        "characters"
+    ),
+]
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
@@ -52,43 +82,48 @@ class _Sampling(msgspec.Struct, kw_only=True, frozen=True):
     """Sampling fields both request kinds share; forwarded to the worker."""
 
     model: ModelName
-    max_tokens: PositiveInt | None = None
+    max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: PositiveInt = 1
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N, description="only 1 is served")] = 1
     stop: Stop = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: ShortText | None = None
 
 
 class ChatContentPart(msgspec.Struct, kw_only=True, frozen=True):
     """One part of a message's content; only ``type: "text"`` parts are served."""
 
-    type: str
+    type: ShortText
     text: str | None = None
+
+
+ContentParts = Annotated[list[ChatContentPart], msgspec.Meta(max_length=MAX_LIST_ITEMS)]
 
 
 class ChatRequestMessage(msgspec.Struct, kw_only=True, frozen=True):
     """One turn of ``messages``: content is text or a list of text parts."""
 
     role: ChatRole
-    content: str | list[ChatContentPart] | None = None
-    name: str | None = None
+    content: str | ContentParts | None = None
+    name: ShortText | None = None
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True, frozen=True):
     """Body of ``POST /v1/chat/completions``."""
 
-    messages: Annotated[list[ChatRequestMessage], msgspec.Meta(min_length=1)]
-    max_completion_tokens: PositiveInt | None = None
+    messages: Annotated[
+        list[ChatRequestMessage], msgspec.Meta(min_length=1, max_length=MAX_LIST_ITEMS)
+    ]
+    max_completion_tokens: MaxTokens | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True, frozen=True):
     """Body of ``POST /v1/completions``: one prompt (a string or a list of one string)."""
 
-    prompt: str | Annotated[list[str], msgspec.Meta(min_length=1)]
+    prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
     echo: bool = False
 
 

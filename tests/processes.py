@@ -46,6 +46,16 @@ class ServiceProcess:
             time.sleep(0.05)
         raise TimeoutError(f"not ready after {timeout_s}s:\n{self.log_tail()}")
 
+    def wait_for_log(self, text: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll the log until ``text`` appears; raise with its tail if the process dies first."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log_path.read_text(errors="replace"):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"process exited {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {text!r} after {timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
     def terminate(self, timeout_s: float = 15) -> int:
         """SIGTERM and wait; returns the exit code."""
         if self.process.poll() is None:
@@ -91,6 +101,7 @@ def start_frontend(
     namespace: str,
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    wait: bool = True,
 ) -> ServiceProcess:
     """Start ``python -m frontend`` on a free HTTP port."""
     port = free_port()
@@ -99,7 +110,7 @@ def start_frontend(
         "--http-host", "127.0.0.1", "--http-port", str(port), *args,
     ]  # fmt: skip
     base_env = {"ETCD_ENDPOINTS": etcd_url, "NATS_SERVER": nats_url}
-    return _start(argv, log_dir / f"frontend-{port}.log", port, {**base_env, **(env or {})}, True)
+    return _start(argv, log_dir / f"frontend-{port}.log", port, {**base_env, **(env or {})}, wait)
 
 
 def _start(

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
 
 from proto.discovery import ModelDeploymentCard
-from worker.engine import EngineHandler, LLMEngine, ModelEndpoint
+from proto.errors import NotFoundError
+from worker.engine import EngineRoute, LLMEngine, ModelEndpoint
 from worker.lora_controller import AdapterSource, LoraController
 
 __all__ = ["AdapterEngine"]
+
+Handle = TypeVar("Handle")
 
 
 class AdapterEngine(LLMEngine):
@@ -49,18 +54,35 @@ class AdapterEngine(LLMEngine):
         )
         return msgspec.structs.replace(card, runtime_config=runtime)
 
-    def supported_updates(self) -> dict[str, EngineHandler]:
+    def supported_updates(self) -> dict[str, EngineRoute[Any]]:
         """``load_lora``, ``unload_lora`` and ``list_loras`` when adapters are enabled."""
-        return self.lora.updates() if self.lora is not None else {}
+        return self.lora.routes() if self.lora is not None else {}
 
     def track_request(self, model: str) -> contextlib.AbstractContextManager[None]:
         """Count ``model`` as busy and recently used while its request runs."""
         return self.lora.track(model) if self.lora is not None else contextlib.nullcontext()
 
+    def resolve(self, model: str, handles: Mapping[str, Handle]) -> Handle | None:
+        """The engine's handle of the adapter ``model`` names, None for the base model;
+        raise ``NotFoundError`` for anything else."""
+        if model == self.config.model_name:
+            return None
+        handle = handles.get(model)
+        if handle is None:
+            raise NotFoundError(
+                f"model {model!r} is not served here; base model {self.config.model_name!r}, "
+                f"adapters loaded: {sorted(handles)}"
+            )
+        return handle
+
     @abc.abstractmethod
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
-        """Make adapter ``name`` usable by ``generate``; raise a LorafleetError on failure."""
+        """Make adapter ``name`` usable by ``generate``; raise a LorafleetError on failure.
+
+        The controller has checked the name, the id and the slot; it never adds a
+        name twice without removing it in between.
+        """
 
     @abc.abstractmethod
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving adapter ``name`` and free its slot."""
+        """Stop serving adapter ``name`` (which the controller knows is loaded)."""

@@ -6,9 +6,12 @@ import argparse
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
 
@@ -39,16 +42,22 @@ class WorkerConfig:
     namespace: str = "lorafleet"
     component: str = "backend"
     endpoint: str = "generate"
-    etcd_endpoints: str = "http://127.0.0.1:2379"
+    etcd: EtcdSettings = field(default_factory=EtcdSettings)
+    """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
     nats_server: str = "nats://127.0.0.1:4222"
     system_host: str = "0.0.0.0"
     system_port: int = 9345
     advertise_host: str = ""
     lease_ttl_s: int = 10
     shutdown_grace_s: float = 10.0
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    """``DYN_CONNECT_TIMEOUT_S``: how long start-up waits for each of etcd and NATS."""
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    """``DYN_HEADER_TIMEOUT_S``: status connections without a request head by then close."""
     lora_enabled: bool = False
     """``DYN_LORA_ENABLED``: with ``--enable-lora``, turns LoRA management on."""
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    """``DYN_SYSTEM_AUTH_TOKEN``: guards LoRA writes over HTTP and every update over NATS."""
     lora_idle_unload_s: float = 300.0
     """An adapter loaded on demand and not placed here is unloaded after this long idle."""
 
@@ -57,6 +66,9 @@ class WorkerConfig:
             raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease TTL must be at least 1 s, got {self.lease_ttl_s}")
+        for name in ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def system_url(self) -> str:
@@ -76,13 +88,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     p.add_argument("--component", default=env("DYN_COMPONENT", "backend"))
     p.add_argument("--endpoint", default=env("DYN_ENDPOINT", "generate"))
-    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", "http://127.0.0.1:2379"))
+    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
     p.add_argument("--nats-server", default=env("NATS_SERVER", "nats://127.0.0.1:4222"))
     p.add_argument("--system-host", default=env("DYN_SYSTEM_HOST", "0.0.0.0"))
     p.add_argument("--system-port", type=int, default=int(env("DYN_SYSTEM_PORT", "9345")))
     p.add_argument("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""))
     p.add_argument("--lease-ttl", type=int, default=int(env("DYN_LEASE_TTL", "10")))
     p.add_argument("--shutdown-grace", type=float, default=float(env("DYN_SHUTDOWN_GRACE", "10")))
+    p.add_argument(
+        "--connect-timeout-s", type=float,
+        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
+        help="start-up wait for etcd and NATS, then exit 1 (DYN_CONNECT_TIMEOUT_S, default 60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--header-timeout-s", type=float,
+        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
+        help="close status connections with no request head by then (DYN_HEADER_TIMEOUT_S)",
+    )  # fmt: skip
     p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"))
     p.add_argument("--max-loras", type=int, default=int(env("DYN_MAX_LORAS", "4")))
     p.add_argument("--max-lora-rank", type=int, default=int(env("DYN_MAX_LORA_RANK", "64")))
@@ -126,10 +148,12 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
         return WorkerConfig(
             engine=args.engine, engine_config=engine_config, namespace=args.namespace,
             component=args.component, endpoint=args.endpoint,
-            etcd_endpoints=args.etcd_endpoints, nats_server=args.nats_server,
+            etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
+            nats_server=args.nats_server,
             system_host=args.system_host, system_port=args.system_port,
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
-            shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
+            shutdown_grace_s=args.shutdown_grace, connect_timeout_s=args.connect_timeout_s,
+            header_timeout_s=args.header_timeout_s, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
         )  # fmt: skip

@@ -2,6 +2,8 @@
 
 It decodes every message on the instance subject, streams generate requests
 back to their reply inbox, cancels on request, answers pings and updates.
+Updates need the worker's token (``DYN_SYSTEM_AUTH_TOKEN``, when set) in the
+message's ``Authorization`` header, as the status server's routes do.
 It is the ``ModelEndpoint`` handed to the engine in ``on_endpoint_ready``.
 """
 
@@ -20,8 +22,15 @@ import structlog
 
 from discovery.keys import base_card_key, lora_card_key, nats_subject
 from discovery.lease import LeaseKeeper
+from proto.auth import AUTHORIZATION_HEADER, bearer_token_accepted
 from proto.discovery import ModelDeploymentCard, encode_record
-from proto.errors import ErrorInfo, InvalidRequestError, LorafleetError, UnavailableError
+from proto.errors import (
+    ErrorInfo,
+    InvalidRequestError,
+    LorafleetError,
+    UnauthorizedError,
+    UnavailableError,
+)
 from proto.inference import (
     CancelRequest,
     ErrorChunk,
@@ -36,6 +45,7 @@ from proto.inference import (
 )
 from worker import metrics
 from worker.engine import LLMEngine
+from worker.engine_registry import error_reply
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
 
@@ -71,10 +81,18 @@ class EndpointAddress:
 class Endpoint:
     """Serves one instance subject for an engine and owns the engine's cards in etcd."""
 
-    def __init__(self, nc: nats.aio.client.Client, lease: LeaseKeeper, address: EndpointAddress):
+    def __init__(
+        self,
+        nc: nats.aio.client.Client,
+        lease: LeaseKeeper,
+        address: EndpointAddress,
+        *,
+        update_token: str | None = None,
+    ) -> None:
         self._nc = nc
         self._lease = lease
         self.address = address
+        self._update_token = update_token
         self.engine: LLMEngine | None = None
         self.update_handler: UpdateHandler | None = None
         self._subscription: Any = None
@@ -132,7 +150,8 @@ class Endpoint:
     async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
         try:
             message = decode_instance_message(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            # RecursionError: msgpack nested deeper than the decoder's stack (a tool's mistake)
             error = InvalidRequestError(f"undecodable message on {msg.subject}: {exc}")
             if msg.reply:
                 await self._nc.publish(msg.reply, encode_msg(ErrorChunk(error=error.to_info())))
@@ -199,9 +218,20 @@ class Endpoint:
                     return
 
     async def _serve_update(self, request: UpdateRequest, msg: nats.aio.msg.Msg) -> None:
-        if self.update_handler is None:
-            answer = UpdateReply(status_code=503, body={"message": "worker is starting"})
-        else:
-            answer = await self.update_handler(request.name, request.body)
+        answer = await self._update_answer(request, msg)
         if msg.reply:
             await msg.respond(encode_msg(answer))
+
+    async def _update_answer(self, request: UpdateRequest, msg: nats.aio.msg.Msg) -> UpdateReply:
+        """Run the update if the message carries the token; refuse before touching anything."""
+        authorization = (msg.headers or {}).get(AUTHORIZATION_HEADER)
+        if not bearer_token_accepted(authorization, self._update_token):
+            log.warning("update over NATS refused: missing or wrong token", update=request.name)
+            return error_reply(UnauthorizedError(
+                f"{request.name} over NATS needs the header 'Authorization: Bearer <token>' "
+                "(the worker's DYN_SYSTEM_AUTH_TOKEN; a frontend sends its own "
+                "DYN_SYSTEM_AUTH_TOKEN)"
+            ))  # fmt: skip
+        if self.update_handler is None:
+            return error_reply(UnavailableError("worker is starting"))
+        return await self.update_handler(request.name, request.body)

@@ -13,7 +13,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
 
 from proto.discovery import ModelDeploymentCard, RuntimeConfig
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
@@ -22,13 +24,26 @@ from proto.naming import lora_slug
 __all__ = [
     "AdapterBackend",
     "EngineConfig",
-    "EngineHandler",
+    "EngineRoute",
     "LLMEngine",
     "ModelEndpoint",
 ]
 
-EngineHandler: TypeAlias = Callable[[dict[str, Any]], Awaitable[Any]]
-"""A control or update: takes the JSON object body, returns a JSON-able Struct or dict."""
+Body = TypeVar("Body", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True)
+class EngineRoute(Generic[Body]):
+    """A control or update: a typed handler and the Struct its JSON body decodes into.
+
+    The engine registry decodes the body (HTTP or NATS) into ``body_type``, calls
+    ``handler`` and encodes its Struct; the handler never sees a dict. Example::
+
+        EngineRoute(UnloadLoraRequest, controller.unload)
+    """
+
+    body_type: type[Body]
+    handler: Callable[[Body], Awaitable[msgspec.Struct]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,21 +145,13 @@ class LLMEngine(abc.ABC):
         """Held while a request for ``model`` runs (adapter engines count usage for LRU)."""
         return contextlib.nullcontext()
 
-    def supported_controls(self) -> dict[str, EngineHandler]:
+    def supported_controls(self) -> dict[str, EngineRoute[Any]]:
         """Controls served under ``/engine/control/<name>``; none by default."""
         return {}
 
-    def supported_updates(self) -> dict[str, EngineHandler]:
+    def supported_updates(self) -> dict[str, EngineRoute[Any]]:
         """Updates served under ``/engine/update/<name>``; none by default."""
         return {}
-
-    async def engine_control(self, name: str, body: dict[str, Any]) -> Any:
-        """Run control ``name``; a KeyError means it is not supported."""
-        return await self.supported_controls()[name](body)
-
-    async def engine_update(self, name: str, body: dict[str, Any]) -> Any:
-        """Run update ``name``; a KeyError means it is not supported."""
-        return await self.supported_updates()[name](body)
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:  # noqa: B027
         """Keep ``endpoint`` to publish and retract cards; called exactly once."""

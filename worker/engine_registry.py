@@ -1,8 +1,11 @@
-"""The engine's controls and updates by path, callable from HTTP and from NATS alike.
+"""The engine's controls and updates by path, and the one place they meet the wire.
 
-Paths are ``control/<name>`` and ``update/<name>``; the engine sees the bare
-name. Nothing is callable until ``register`` ran (start-up step 4), so no
-update can run before the engine holds its endpoint.
+Paths are ``control/<name>`` and ``update/<name>``. HTTP (the status server)
+and NATS (the endpoint) both hand :meth:`EngineRegistry.call` the JSON object
+body; it decodes the body into the route's Struct, calls the typed handler and
+encodes its answer or error as an :class:`UpdateReply`. Nothing is callable
+until ``register`` ran (start-up step 4), so no update can run before the
+engine holds its endpoint.
 """
 
 from __future__ import annotations
@@ -12,20 +15,27 @@ from typing import Any
 import msgspec
 import structlog
 
-from proto.errors import LorafleetError, http_status
+from proto.errors import (
+    InvalidRequestError,
+    LorafleetError,
+    NotFoundError,
+    UnavailableError,
+    error_body,
+    http_status,
+)
 from proto.inference import UpdateReply
-from worker.engine import EngineHandler, LLMEngine
+from worker.engine import EngineRoute, LLMEngine
 
-__all__ = ["EngineRegistry"]
+__all__ = ["EngineRegistry", "error_reply"]
 
 log = structlog.get_logger(__name__)
 
 
 class EngineRegistry:
-    """Maps ``control/<name>``/``update/<name>`` to the engine's handlers."""
+    """Maps ``control/<name>``/``update/<name>`` to the engine's typed routes."""
 
     def __init__(self) -> None:
-        self._handlers: dict[str, EngineHandler] | None = None
+        self._routes: dict[str, EngineRoute[Any]] | None = None
         self._explanations: dict[str, str] = {}
 
     def explain_missing(self, paths: list[str], message: str) -> None:
@@ -34,43 +44,54 @@ class EngineRegistry:
 
     @property
     def registered(self) -> bool:
-        """True once the engine's handlers are registered."""
-        return self._handlers is not None
+        """True once the engine's routes are registered."""
+        return self._routes is not None
 
     @property
     def paths(self) -> list[str]:
         """Every registered path, sorted."""
-        return sorted(self._handlers or {})
+        return sorted(self._routes or {})
 
     def register(self, engine: LLMEngine) -> None:
         """Register the engine's controls and updates (start-up step 4)."""
-        handlers = {f"control/{n}": h for n, h in engine.supported_controls().items()}
-        handlers |= {f"update/{n}": h for n, h in engine.supported_updates().items()}
-        self._handlers = handlers
+        routes = {f"control/{n}": r for n, r in engine.supported_controls().items()}
+        routes |= {f"update/{n}": r for n, r in engine.supported_updates().items()}
+        self._routes = routes
 
     async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
-        """Run the handler at ``path``; every outcome is an ``UpdateReply``, never an exception."""
-        if self._handlers is None:
-            return _error_reply(
-                503, "unavailable", "worker is starting; engine routes are not ready"
-            )
-        handler = self._handlers.get(path)
-        if handler is None and path in self._explanations:
-            return _error_reply(404, "not_found", self._explanations[path])
-        if handler is None:
-            return _error_reply(
-                404, "not_found", f"no engine route {path!r}; available: {self.paths}"
-            )
+        """Run the route at ``path``; every outcome is an ``UpdateReply``, never an exception."""
         try:
-            result = await handler(body)
+            route = self._route(path)
+            result = await route.handler(_decode(body, route.body_type))
         except LorafleetError as exc:
-            return _error_reply(http_status(exc.code), exc.code, exc.message, **exc.fields)
+            return error_reply(exc)
         except Exception as exc:
             log.exception("engine handler failed", path=path)
-            return _error_reply(500, "internal_error", f"{path} failed: {exc}")
+            return error_reply(LorafleetError(f"{path} failed: {exc}"))
         return UpdateReply(status_code=200, body=msgspec.to_builtins(result))
 
+    def _route(self, path: str) -> EngineRoute[Any]:
+        if self._routes is None:
+            raise UnavailableError("worker is starting; engine routes are not ready")
+        route = self._routes.get(path)
+        if route is None and path in self._explanations:
+            raise NotFoundError(self._explanations[path])
+        if route is None:
+            raise NotFoundError(f"no engine route {path!r}; available: {self.paths}")
+        return route
 
-def _error_reply(status_code: int, code: str, message: str, **fields: Any) -> UpdateReply:
-    body = {"status": "error", "code": code, "message": message, **fields}
-    return UpdateReply(status_code=status_code, body=body)
+
+def error_reply(error: LorafleetError) -> UpdateReply:
+    """``error`` as the engine routes answer it: typed for NATS callers, the documented body
+    (with the error's fields, e.g. ``lora_name``) for HTTP callers."""
+    info = error.to_info()
+    return UpdateReply(
+        status_code=http_status(info.code), body=error_body(info, **error.fields), error=info
+    )
+
+
+def _decode(body: dict[str, Any], kind: type[msgspec.Struct]) -> Any:
+    try:
+        return msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(f"invalid {kind.__name__} body: {exc}") from exc

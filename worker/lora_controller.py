@@ -3,7 +3,11 @@
 Invariant: a card is in etcd exactly when its adapter is loaded in the engine.
 Load adds to the engine, then publishes; a failed publish removes it again.
 Unload retracts first, then removes; a failed removal publishes again.
-Engines supply only ``add_adapter``/``remove_adapter`` (``AdapterBackend``).
+The controller is the one ledger of adapters: it owns the slots (``max_loras``
+of the base card), the ids and their collisions, and eviction. Engines supply
+only ``add_adapter``/``remove_adapter`` (``AdapterBackend``) and keep a name to
+handle map; callers in the worker pass typed requests, and the engine registry
+converts them from and to the wire.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 
 from proto.adapters import (
+    ListLorasRequest,
     LoadLoraRequest,
     LoraListResponse,
     LoraResponse,
@@ -35,16 +40,15 @@ from proto.errors import (
     LorafleetError,
     NotFoundError,
 )
+from proto.limits import shorten
 from proto.naming import lora_id, lora_slug
 from worker import metrics
-from worker.engine import AdapterBackend, EngineHandler, ModelEndpoint
+from worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
 from worker.lora import redact_uri
 
 __all__ = ["AdapterSource", "LoadedAdapter", "LoraController"]
 
 log = structlog.get_logger(__name__)
-
-_Body = TypeVar("_Body", LoadLoraRequest, UnloadLoraRequest)
 
 
 class AdapterSource(Protocol):
@@ -79,7 +83,14 @@ class LoadedAdapter:
 
 
 class LoraController:
-    """Serves ``load_lora``, ``unload_lora`` and ``list_loras`` for one engine."""
+    """Serves ``load_lora``, ``unload_lora`` and ``list_loras`` for one engine, within its slots.
+
+    Example::
+
+        controller = LoraController(backend=engine, endpoint=endpoint, source=manager,
+                                    base_card=engine.base_card())
+        await controller.load(LoadLoraRequest(lora_name="pirate", source=LoraSource(uri=uri)))
+    """
 
     def __init__(
         self,
@@ -93,7 +104,10 @@ class LoraController:
         self._endpoint = endpoint
         self._source = source
         self._base_card = base_card
+        self._max_loras = base_card.runtime_config.max_loras
         self.loaded: dict[str, LoadedAdapter] = {}
+        self._adding: set[str] = set()
+        """Names holding a slot while the engine adds them (not yet in ``loaded``)."""
         self.pinned: set[str] = set()
         """Adapters never evicted to make room (the fleet's ``pinned`` desired state)."""
         self._locks: dict[str, asyncio.Lock] = {}
@@ -117,13 +131,16 @@ class LoraController:
             return 0.0
         return time.monotonic() - self._last_used.get(name, 0.0)
 
-    def updates(self) -> dict[str, EngineHandler]:
-        """The engine updates this controller serves."""
-        return {"load_lora": self.load, "unload_lora": self.unload, "list_loras": self.list}
+    def routes(self) -> dict[str, EngineRoute[Any]]:
+        """The engine updates this controller serves, with the body each one decodes."""
+        return {
+            "load_lora": EngineRoute(LoadLoraRequest, self.load),
+            "unload_lora": EngineRoute(UnloadLoraRequest, self.unload),
+            "list_loras": EngineRoute(ListLorasRequest, self._list_route),
+        }
 
-    async def load(self, body: dict[str, Any]) -> LoraResponse:
+    async def load(self, request: LoadLoraRequest) -> LoraResponse:
         """Load and publish an adapter; idempotent for a name loaded from the same URI."""
-        request = _convert(body, LoadLoraRequest)
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         uri = self._check_uri(name, request.source.uri)
         async with self._lock(name):
@@ -133,9 +150,8 @@ class LoraController:
             status="success", message=message, lora_name=name, lora_id=lora_id(name)
         )
 
-    async def unload(self, body: dict[str, Any]) -> LoraResponse:
+    async def unload(self, request: UnloadLoraRequest) -> LoraResponse:
         """Retract and remove an adapter; on a failed removal the card is published again."""
-        request = _convert(body, UnloadLoraRequest)
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         async with self._lock(name):
             with _counted("unload", name):
@@ -148,26 +164,30 @@ class LoraController:
             lora_id=adapter.lora_id,
         )
 
-    async def list(self, body: dict[str, Any]) -> LoraListResponse:
+    def list(self) -> LoraListResponse:
         """Every loaded adapter's name and ``lora_id``."""
         loras = {name: adapter.lora_id for name, adapter in sorted(self.loaded.items())}
         return LoraListResponse(loras=loras, count=len(loras))
+
+    async def _list_route(self, _: ListLorasRequest) -> LoraListResponse:
+        return self.list()
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
     def _check_uri(self, name: str, uri: str) -> str:
+        shown = shorten(redact_uri(uri))
         scheme, sep, rest = uri.partition("://")
         supported = sorted(self._source.supported_schemes())
         if not sep or not rest:
             raise InvalidRequestError(
-                f"source.uri {redact_uri(uri)!r} of adapter {name!r} is not a URI; use e.g. "
+                f"source.uri {shown!r} of adapter {name!r} is not a URI; use e.g. "
                 f"file:///path or s3://bucket/prefix (supported schemes: {supported})",
                 lora_name=name,
             )
         if scheme.lower() not in supported:
             raise InvalidRequestError(
-                f"source.uri {redact_uri(uri)!r} of adapter {name!r} has unsupported scheme "
+                f"source.uri {shown!r} of adapter {name!r} has unsupported scheme "
                 f"{scheme!r}; supported: {supported}",
                 lora_name=name,
             )
@@ -177,36 +197,46 @@ class LoraController:
         existing = self.loaded.get(name)
         if existing is not None:
             return await self._reload(name, uri, existing)
-        self._check_id_collision(name)
         path = await self._source.acquire(uri)
-        card = self._adapter_card(name, uri, path)
         try:
-            await self._add_making_room(name, card.lora.lora_id, path)  # type: ignore[union-attr]
+            await self._add(name, path)
         except BaseException:
             self._source.release(uri)
             raise
-        adapter = self.loaded[name] = LoadedAdapter(card=card, uri=uri)
+        adapter = LoadedAdapter(card=self._adapter_card(name, uri, path), uri=uri)
+        self.loaded[name] = adapter
         self._last_used[name] = time.monotonic()
         await self._publish_or_roll_back(name, adapter)
         log.info("adapter loaded", adapter=name, uri=redact_uri(uri), path=str(path))
         return f"adapter {name!r} loaded from {redact_uri(uri)}"
 
-    async def _add_making_room(self, name: str, adapter_id: int, path: Path) -> None:
-        """Add to the engine; when every slot is taken, evict the least recently used once."""
+    async def _add(self, name: str, path: Path) -> None:
+        """Take a slot for ``name`` and add it to the engine; the slot is freed if that fails."""
+        await self._take_slot(name)
         try:
-            await self._backend.add_adapter(name, adapter_id, path)
-        except CapacityError as full:
+            await self._backend.add_adapter(name, lora_id(name), path)
+        finally:
+            self._adding.discard(name)
+
+    async def _take_slot(self, name: str) -> None:
+        """Reserve a slot, unloading the least recently used idle adapter while all are taken."""
+        while True:
+            self._check_id_collision(name)  # again after each await: others may have come
+            if len(self.loaded) + len(self._adding) < self._max_loras:
+                break
             victim = self._eviction_candidate()
             if victim is None:
                 raise CapacityError(
-                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy "
-                    f"({sorted(self.loaded)}); {full.message}",
+                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy; all "
+                    f"{self._max_loras} adapter slots are taken by "
+                    f"{sorted([*self.loaded, *self._adding])}; unload one first",
                     lora_name=name,
-                ) from full
+                )
             log.info("evicting least recently used adapter", adapter=victim, for_adapter=name)
             async with self._lock(victim):
-                await self._unload_locked(victim, self.loaded[victim])
-            await self._backend.add_adapter(name, adapter_id, path)
+                if victim in self.loaded:
+                    await self._unload_locked(victim, self.loaded[victim])
+        self._adding.add(name)
 
     def _eviction_candidate(self) -> str | None:
         free = [
@@ -276,8 +306,8 @@ class LoraController:
 
     def _check_id_collision(self, name: str) -> None:
         new_id = lora_id(name)
-        for other, adapter in self.loaded.items():
-            if adapter.lora_id == new_id:
+        for other in [*self.loaded, *self._adding]:
+            if lora_id(other) == new_id:
                 raise ConflictError(
                     f"adapter {name!r} has lora_id {new_id}, the same as loaded adapter "
                     f"{other!r}; rename one of them",
@@ -305,10 +335,3 @@ def _counted(operation: str, name: str) -> Iterator[None]:
         exc.fields.setdefault("lora_name", name)
         raise
     metrics.ADAPTER_OPERATIONS.labels(operation, "ok").inc()
-
-
-def _convert(body: dict[str, Any], kind: type[_Body]) -> _Body:
-    try:
-        return msgspec.convert(body, kind)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequestError(f"invalid {kind.__name__} body: {exc}") from exc

@@ -3,8 +3,9 @@
 LoRA management exists only with both ``--enable-lora`` and
 ``DYN_LORA_ENABLED=true`` and an engine that serves adapters; otherwise every
 LoRA route says what is missing. The compatibility routes are mounted whenever
-``DYN_LORA_ENABLED`` is true and resolve to the same handlers as
-``/engine/update/*``; there an error body answers HTTP 500 unless it is the
+``DYN_LORA_ENABLED`` is true (with vLLM's ``/v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``, see ``worker.vllm_lora_routes``) and resolve to
+the same handlers as ``/engine/update/*``; there an error body answers HTTP 500 unless it is the
 caller's fault (4xx).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.handlers import BaseRouteHandler
 
@@ -21,6 +23,7 @@ from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
 from worker.engine import LLMEngine
 from worker.status_server import StatusState, admitted_body, reply_response
+from worker.vllm_lora_routes import load_lora_adapter, unload_lora_adapter
 
 __all__ = ["LORA_PATHS", "LoraSupport", "build_lora_support"]
 
@@ -52,19 +55,19 @@ def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusSt
 
         assert isinstance(engine, AdapterEngine)
         engine.enable_adapters(LoRAManager.from_env())
-    routes = [list_loras, load_lora, unload_lora] if config.lora_enabled else []
+    routes = [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
+    routes = routes if config.lora_enabled else []
     return LoraSupport(missing=missing, routes=routes)
 
 
 def _compat_response(reply: UpdateReply) -> Response[Any]:
-    failed = reply.body.get("status") == "error"
-    if failed and not 400 <= reply.status_code < 500:
-        return reply_response(UpdateReply(status_code=500, body=reply.body))
+    if reply.error is not None and not 400 <= reply.status_code < 500:
+        return reply_response(msgspec.structs.replace(reply, status_code=500))
     return reply_response(reply)
 
 
 async def _call(status: StatusState, path: str, body: dict[str, Any]) -> Response[Any]:
-    return _compat_response(await status.registry.call(path, body))
+    return _compat_response(await status.call(path, body))
 
 
 @get("/v1/loras")

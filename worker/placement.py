@@ -17,7 +17,12 @@ import structlog
 from discovery.client import EtcdClient
 from discovery.keys import adapters_prefix, card_prefix, parse_card_key
 from discovery.watch_cache import WatchCache
-from proto.adapters import AdapterSpec, decode_adapter_spec
+from proto.adapters import (
+    AdapterSpec,
+    LoadLoraRequest,
+    UnloadLoraRequest,
+    decode_adapter_spec,
+)
 from proto.discovery import ModelDeploymentCard, decode_card
 from proto.errors import LorafleetError
 from proto.placement import chosen_instances
@@ -134,9 +139,8 @@ class Placement:
         return desired and idle_s > self._idle_unload_s  # on demand: keep while recently used
 
     async def _load(self, spec: AdapterSpec) -> None:
-        body = {"lora_name": spec.name, "source": {"uri": spec.source.uri}}
         try:
-            await self._controller.load(body)
+            await self._controller.load(LoadLoraRequest(lora_name=spec.name, source=spec.source))
         except LorafleetError as exc:
             log.warning("placement could not load adapter", adapter=spec.name, error=exc.message)
             return
@@ -145,7 +149,7 @@ class Placement:
 
     async def _unload(self, name: str) -> None:
         try:
-            await self._controller.unload({"lora_name": name})
+            await self._controller.unload(UnloadLoraRequest(lora_name=name))
         except LorafleetError as exc:
             log.warning("placement could not unload adapter", adapter=name, error=exc.message)
             return

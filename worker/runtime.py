@@ -1,19 +1,22 @@
-"""Start a worker in the design's order, serve until a signal, then shut down cleanly.
+"""Start a worker in the design's order, serve until a signal, then shut down in bounded time.
 
-Start-up (each step fatal): 1. NATS, etcd, lease; 2. subscription confirmed at
-the server; 3. engine start and ``on_endpoint_ready`` exactly once; 4. engine
-routes registered; 5. instance record and base card put. Shutdown: stop taking
-requests, finish in-flight ones within the grace period, delete the cards,
-revoke the lease.
+Start-up (each step fatal): 1. NATS, etcd, lease (each waited for up to the connect
+timeout); 2. subscription confirmed at the server; 3. engine start and
+``on_endpoint_ready`` exactly once; 4. engine routes registered; 5. instance record
+and base card put. A signal during start-up stops it at once. Shutdown: stop taking
+requests, finish in-flight ones within the grace period, revoke the lease (which
+deletes every record); clean-up gets ``CLEANUP_BUDGET_S`` more, then the process exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import time
+from typing import Final
 
 import structlog
 
@@ -22,6 +25,7 @@ from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
 from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
+from discovery.startup import connect_with_retry, unless_stopped
 from proto.discovery import Instance, encode_record
 from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
@@ -31,11 +35,15 @@ from worker.engine_registry import EngineRegistry
 from worker.engines import create_engine
 from worker.lora_routes import build_lora_support
 from worker.placement import Placement
-from worker.status_server import StatusServer, StatusState, build_status_app
+from worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
 
 log = structlog.get_logger(__name__)
+
+CLEANUP_BUDGET_S: Final = 2.0
+"""After the grace period, clean-up (lease, connections) is cut off after this long;
+what it left undone (records in a hung etcd) expires with the lease TTL."""
 
 
 class WorkerRuntime:
@@ -60,43 +68,75 @@ class WorkerRuntime:
 
     async def run(self) -> None:
         """Start, serve until stopped, shut down; raises if a start-up step fails."""
+        deadline = asyncio.timeout(None)
+        try:
+            async with deadline:
+                await self._run(deadline)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning("clean-up cut short; records left expire with the lease",
+                        budget_s=CLEANUP_BUDGET_S)  # fmt: skip
+
+    async def _run(self, deadline: asyncio.Timeout) -> None:
+        """Start unless stopped first, serve, shut down; ``deadline`` bounds the shutdown."""
+        loop = asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as stack:
+            started = await unless_stopped(self._start(stack), self._stop)
+            if started is None:
+                log.info("stopped during start-up")
+                deadline.reschedule(loop.time() + CLEANUP_BUDGET_S)
+                return
+            await self._stop.wait()
+            deadline.reschedule(loop.time() + self.config.shutdown_grace_s + CLEANUP_BUDGET_S)
+            await self._shutdown(*started)
+
+    async def _start(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[StatusState, Endpoint, LeaseKeeper, Placement | None]:
+        """Steps 1-5 of start-up; everything opened is undone through ``stack``."""
+        cfg = self.config
+        nats, etcd = await self._connect(stack)
+        lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
+        stack.push_async_callback(lease.aclose, revoke=True)
+        address = self._address(lease.lease_id)
+        endpoint = Endpoint(nats.client, lease, address, update_token=cfg.auth_token)
+        await endpoint.serve()
+        status = StatusState(
+            self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token, nats=nats
+        )
+        status_server = self._status_server(status)
+        await status_server.start()
+        stack.push_async_callback(status_server.aclose)
+        await self._start_engine(endpoint)
+        self.registry.register(self.engine)
+        endpoint.update_handler = status.call
+        await self._publish(lease, endpoint)
+        placement = await self._start_placement(etcd, lease.lease_id)
+        status.phase = WorkerPhase.READY
+        log.info("worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject)
+        return status, endpoint, lease, placement
+
+    async def _connect(self, stack: contextlib.AsyncExitStack) -> tuple[NatsConnection, EtcdClient]:
+        """NATS, then etcd, each waited for up to the connect timeout."""
         cfg = self.config
         settings = NatsSettings.from_env(cfg.nats_server)
-        nats = await NatsConnection.connect(
-            settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost,
-            inbox_prefix=WORKER_INBOX_PREFIX,
+        nats = await connect_with_retry(
+            lambda: NatsConnection.connect(
+                settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost,
+                inbox_prefix=WORKER_INBOX_PREFIX,
+            ),
+            service="NATS", url=settings.servers_text, timeout_s=cfg.connect_timeout_s,
+            check="NATS_SERVER (--nats-server)",
         )  # fmt: skip
-        nc = nats.client
-        etcd = await connect_etcd(cfg.etcd_endpoints)
-        lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
-        status_server: StatusServer | None = None
-        try:
-            endpoint = Endpoint(nc, lease, self._address(lease.lease_id))
-            await endpoint.serve()
-            status = StatusState(
-                self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token, nats=nats
-            )
-            status_server = self._status_server(status)
-            await status_server.start()
-            await self._start_engine(endpoint)
-            self.registry.register(self.engine)
-            endpoint.update_handler = self.registry.call
-            await self._publish(lease, endpoint)
-            placement = await self._start_placement(etcd, lease.lease_id)
-            status.ready = True
-            log.info(
-                "worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject
-            )
-            await self._stop.wait()
-            if placement is not None:
-                await placement.aclose()
-            await self._shutdown(endpoint, lease)
-        finally:
-            if status_server is not None:
-                await status_server.aclose()
-            await lease.aclose(revoke=True)
-            await nats.aclose()
-            await etcd.close()
+        stack.push_async_callback(nats.aclose)
+        etcd = await connect_with_retry(
+            lambda: connect_etcd(cfg.etcd),
+            service="etcd", url=cfg.etcd.describe(), timeout_s=cfg.connect_timeout_s,
+            check="ETCD_ENDPOINTS (--etcd-endpoints)",
+        )  # fmt: skip
+        stack.push_async_callback(etcd.close)
+        return nats, etcd
 
     def _address(self, instance_id: int) -> EndpointAddress:
         cfg = self.config
@@ -108,7 +148,8 @@ class WorkerRuntime:
     def _status_server(self, status: StatusState) -> StatusServer:
         lora = build_lora_support(self.config, self.engine, status)
         app = build_status_app(status, lora.routes)
-        return StatusServer(app, self.config.system_host, self.config.system_port)
+        cfg = self.config
+        return StatusServer(app, cfg.system_host, cfg.system_port, cfg.header_timeout_s)
 
     async def _start_engine(self, endpoint: Endpoint) -> None:
         await self.engine.start()
@@ -137,12 +178,21 @@ class WorkerRuntime:
             idle_unload_s=self.config.lora_idle_unload_s,
         )  # fmt: skip
 
-    async def _shutdown(self, endpoint: Endpoint, lease: LeaseKeeper) -> None:
+    async def _shutdown(
+        self,
+        status: StatusState,
+        endpoint: Endpoint,
+        lease: LeaseKeeper,
+        placement: Placement | None,
+    ) -> None:
+        """Refuse new work, finish in-flight requests within the grace, then revoke."""
         log.info("shutting down", grace_s=self.config.shutdown_grace_s)
+        status.phase = WorkerPhase.STOPPING
+        if placement is not None:
+            await placement.aclose()
         await endpoint.stop_accepting()
         await endpoint.drain(self.config.shutdown_grace_s)
-        for key in lease.records:
-            await lease.delete(key)
+        await lease.aclose(revoke=True)  # deletes every record in one revision
         await self.engine.stop()
 
 

@@ -1,14 +1,18 @@
 """The worker's system status HTTP server: health, metrics and the engine routes.
 
 ``/engine/{path}`` serves the engine registry; bodies must be JSON objects
-(an empty body is ``{}``). Adapter routes (``/v1/loras``) are mounted by
-``worker.lora_routes`` when LoRA management is configured.
+(an empty body is ``{}``) of at most ``MAX_BODY_BYTES``, nested at most
+``MAX_JSON_DEPTH`` levels. Every error answers in the engine routes' shape.
+Adapter routes (``/v1/loras``) are mounted by ``worker.lora_routes`` when LoRA
+management is configured.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -16,28 +20,55 @@ import msgspec
 import uvicorn
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.di import Provide
+from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from discovery.nats_connection import NatsConnection
 from proto.auth import bearer_token_accepted
-from proto.errors import InvalidRequestError, UnauthorizedError, http_status
+from proto.errors import (
+    ErrorInfo,
+    InvalidRequestError,
+    ShuttingDownError,
+    UnauthorizedError,
+    error_body,
+    http_status,
+)
 from proto.inference import UpdateReply
-from worker.engine_registry import EngineRegistry
+from proto.limits import check_json_depth, shorten
+from worker.engine_registry import EngineRegistry, error_reply
 
 __all__ = [
     "MAX_BODY_BYTES",
     "StatusServer",
     "StatusState",
+    "WorkerPhase",
     "admitted_body",
     "build_status_app",
     "error_response",
+    "is_mutating",
     "read_json_object",
     "reply_response",
 ]
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
+CLOSE_TIMEOUT_S: Final = 1.0
+"""At shutdown, requests still running on the status server after this are cancelled."""
+_CODE_BY_STATUS: Final = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+_HTTP_MESSAGES: Final = {
+    405: "method not allowed",
+    413: f"request body too large: the status server reads at most {MAX_BODY_BYTES} bytes",
+}
+
+
+class WorkerPhase(enum.Enum):
+    """Where the worker stands, as ``/health`` reports it; set only by the runtime."""
+
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
 
 
 @dataclass
@@ -46,10 +77,20 @@ class StatusState:
 
     registry: EngineRegistry
     instance_id: int = 0
-    ready: bool = False
+    phase: WorkerPhase = WorkerPhase.STARTING
     auth_token: str | None = None
     nats: NatsConnection | None = None
     """The worker's request-plane connection; while it is down ``/health`` answers 503."""
+
+    async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
+        """Call an engine route; while stopping, routes that change adapters answer 503."""
+        if self.phase is WorkerPhase.STOPPING and is_mutating(path):
+            exc = ShuttingDownError(
+                f"worker {self.instance_id:x} is shutting down and takes no {path!r}; "
+                "send it to another worker"
+            )
+            return error_reply(exc)
+        return await self.registry.call(path, body)
 
     def check_auth(self, request: Request[Any, Any, Any]) -> None:
         """Raise ``UnauthorizedError`` unless the bearer token matches (when one is set)."""
@@ -65,10 +106,24 @@ def reply_response(reply: UpdateReply) -> Response[Any]:
     return Response(reply.body, status_code=reply.status_code, media_type=MediaType.JSON)
 
 
-def error_response(status_code: int, code: str, message: str) -> Response[Any]:
+def error_response(
+    status_code: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> Response[Any]:
     """A JSON error body in the shape the engine routes use."""
-    body = {"status": "error", "code": code, "message": message}
-    return Response(body, status_code=status_code, media_type=MediaType.JSON)
+    body = error_body(ErrorInfo(code=code, message=message))
+    return Response(body, status_code=status_code, media_type=MediaType.JSON, headers=headers)
+
+
+def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """Litestar's own errors (unknown route, bad method, body too large) in the routes' shape."""
+    status = exc.status_code
+    code = _CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    message = _HTTP_MESSAGES.get(status, exc.detail)
+    if status == 404:
+        message = f"no route {shorten(request.url.path)!r} on the worker's status server"
+    if status == 405:
+        message += f"; allowed: {(exc.headers or {}).get('allow', 'none')}"
+    return error_response(status, code, message, exc.headers)
 
 
 async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -76,6 +131,7 @@ async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
     raw = await request.body()
     if not raw.strip():
         return {}
+    check_json_depth(raw)
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
@@ -88,25 +144,29 @@ async def read_json_object(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return body
 
 
-def _is_mutating(path: str) -> bool:
+def is_mutating(path: str) -> bool:
+    """Whether an engine route path changes state (``update/*`` except the ``list*`` ones)."""
     return path.startswith("update/") and not path.removeprefix("update/").startswith("list")
 
 
 @get("/health", sync_to_thread=False)
 def health(status: StatusState) -> Response[Any]:
-    """200 once start-up finished and while NATS is connected, 503 otherwise."""
-    body = {"status": "ready" if status.ready else "starting"}
+    """200 while ready and NATS is connected; 503 while starting or stopping, and while
+    NATS is down (naming it)."""
+    body: dict[str, str] = {"status": status.phase.value}
+    ready = status.phase is WorkerPhase.READY
     if status.nats is not None:
         body["nats"] = "connected" if status.nats.is_connected else "disconnected"
         body["nats_server"] = status.nats.server  # host:port in use, never credentials
-        if status.ready and not status.nats.is_connected:
+        if ready and not status.nats.is_connected:
+            ready = False
             body["status"] = "unhealthy"
             body["message"] = (
                 "NATS is unreachable: this worker gets no requests until it reconnects "
                 f"(reconnecting to {status.nats.settings.servers_text})"
             )
     body["instance_id"] = f"{status.instance_id:x}"
-    return Response(body, status_code=200 if body["status"] == "ready" else 503)
+    return Response(body, status_code=200 if ready else 503)
 
 
 @get("/metrics", sync_to_thread=False)
@@ -131,10 +191,10 @@ async def admitted_body(
 async def engine_route(request: Request[Any, Any, Any], path: str, status: StatusState) -> Any:
     """Call ``control/<name>`` or ``update/<name>`` on the engine."""
     path = path.strip("/")
-    body = await admitted_body(request, status, mutating=_is_mutating(path))
+    body = await admitted_body(request, status, mutating=is_mutating(path))
     if isinstance(body, Response):
         return body
-    return reply_response(await status.registry.call(path, body))
+    return reply_response(await status.call(path, body))
 
 
 def build_status_app(
@@ -145,16 +205,37 @@ def build_status_app(
         route_handlers=[health, metrics, engine_route, *extra_handlers],
         dependencies={"status": Provide(lambda: status, sync_to_thread=False)},
         request_max_body_size=MAX_BODY_BYTES,
+        exception_handlers={HTTPException: _on_http_error},
         openapi_config=None,
+        logging_config=None,  # Litestar's default replaces the root handler: lines not JSON
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that leaves SIGTERM and SIGINT to the worker runtime.
+
+    uvicorn's own handlers replaced the runtime's: SIGTERM stopped only this server, which
+    re-raised the signal once its requests were done, so one slow client kept the worker up.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class StatusServer:
     """Runs the status app with uvicorn inside the worker's event loop."""
 
-    def __init__(self, app: Litestar, host: str, port: int) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
+    def __init__(
+        self, app: Litestar, host: str, port: int,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    ) -> None:  # fmt: skip
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", lifespan="off", log_config=None,
+            access_log=False,
+            http=with_header_timeout(header_timeout_s), timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
+        )  # fmt: skip
+        self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -167,7 +248,7 @@ class StatusServer:
             await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
-        """Stop serving."""
+        """Stop serving: idle connections close now, running requests get ``CLOSE_TIMEOUT_S``."""
         self._server.should_exit = True
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)

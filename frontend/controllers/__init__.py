@@ -5,6 +5,7 @@ from frontend.controllers.chat import ChatCompletionsController
 from frontend.controllers.completions import CompletionsController
 from frontend.controllers.models import ModelsController
 from frontend.controllers.system import SystemController
+from frontend.controllers.vllm_lora import VllmLoraController
 
 __all__ = [
     "AdaptersController",
@@ -12,4 +13,5 @@ __all__ = [
     "CompletionsController",
     "ModelsController",
     "SystemController",
+    "VllmLoraController",
 ]

@@ -26,8 +26,9 @@ from proto.adapters import (
     validate_adapter_spec,
 )
 from proto.errors import ConflictError, NotFoundError
+from proto.limits import shorten
 from proto.openai import OpenAIErrorResponse
-from proto.uris import redact_uri
+from proto.uris import public_uri
 
 __all__ = ["AdaptersController", "adapter_status"]
 
@@ -48,12 +49,13 @@ NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
 def adapter_status(
     spec: AdapterSpec, registry: ModelRegistry, warnings: list[str] | None = None
 ) -> AdapterStatus:
-    """``spec`` with its URI redacted and the hex ids of the live instances that have it."""
+    """``spec`` with its URI as anyone may see it (``public_uri``) and the hex ids of the live
+    instances that have it."""
     served = registry.get(spec.name)
     holders = served.instances if served is not None and served.parent is not None else ()
     return AdapterStatus(
         name=spec.name, base_model=spec.base_model,
-        source=LoraSource(uri=redact_uri(spec.source.uri)),
+        source=LoraSource(uri=public_uri(spec.source.uri)),
         replicas=spec.replicas, pinned=spec.pinned,
         instances=[f"{instance.instance_id:x}" for instance in holders], warnings=warnings or [],
     )  # fmt: skip
@@ -142,7 +144,7 @@ class AdaptersController(Controller):
         name = name.lstrip("/")
         spec = _desired_or_404(desired, name)
         if not await desired.delete(name):
-            raise NotFoundError(f"adapter {name!r} is not in the desired state")
+            raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")
         return adapter_status(spec, registry)
 
 
@@ -150,5 +152,7 @@ def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
     spec = desired.get(name)
     if spec is None:
         known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
-        raise NotFoundError(f"adapter {name!r} is not in the desired state; desired: {known}")
+        raise NotFoundError(
+            f"adapter {shorten(name)!r} is not in the desired state; desired: {known}"
+        )
     return spec

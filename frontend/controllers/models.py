@@ -15,13 +15,14 @@ from frontend.errors import ModelNotFoundError
 from frontend.registry import ServedModel
 from frontend.resolver import ColdAdapter, ModelResolver
 from proto.openai import ModelList, ModelObject
-from proto.uris import redact_uri
+from proto.uris import public_uri
 
 __all__ = ["ModelsController", "cold_model_object", "model_object"]
 
 
 def model_object(served: ServedModel) -> ModelObject:
-    """OpenAI's model entry, with vLLM's ``root``, ``parent`` and ``max_model_len``."""
+    """OpenAI's model entry, with vLLM's ``root`` (no local path), ``parent`` and
+    ``max_model_len``."""
     return ModelObject(
         id=served.name,
         created=served.created,
@@ -36,7 +37,7 @@ def cold_model_object(cold: ColdAdapter) -> ModelObject:
     return ModelObject(
         id=cold.spec.name,
         created=cold.base.created,
-        root=redact_uri(cold.spec.source.uri),
+        root=public_uri(cold.spec.source.uri),
         parent=cold.spec.base_model,
         max_model_len=cold.base.card.context_length or None,
         loaded=False,

@@ -62,10 +62,27 @@ def test_lora_reports_rounds_empty_populated_and_cold_without_errors(tmp_path: P
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
-def test_failover_loses_no_whole_request_when_a_worker_is_killed(tmp_path: Path) -> None:
+def test_failover_loses_no_request_and_no_stream_when_a_worker_is_killed(tmp_path: Path) -> None:
     result = _bench(tmp_path, "failover", "--rounds", "1", "--lease-ttl-s", "1")
     summary = result["results"]
     assert summary["failed_whole"] == 0 and summary["requests_whole"] > 0
+    assert summary["failed_stream"] == 0 and summary["requests_stream"] > 0
+    assert summary["streams_text_differs"] == summary["streams_usage_differs"] == 0
     assert summary["models_gone_max_s"] > 0
     (only,) = result["rounds"]
     assert only["whole"]["requests_after_kill"] > 0
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_etcd_recovery_reports_an_outage_and_a_leader_kill_that_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    result = _bench(tmp_path, "etcd_recovery", "--rounds", "1", "--outage-s", "1",
+                    "--lease-ttl-s", "3")  # fmt: skip
+    (outage,) = result["outage"]
+    assert outage["lease_survived"] and outage["keepalive_resumed_s"] >= 0
+    kill = result["leader_kill"]
+    assert kill["records_unchanged"] and kill["records"] > 0
+    assert kill["failed"] == 0 and kill["requests"] > 0
+    (only,) = kill["kills"]
+    assert only["leader_elected_s"] > 0 and only["keepalive_resumed_s"] > 0

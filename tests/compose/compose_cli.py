@@ -12,6 +12,7 @@ from typing import Any, Final
 
 REPO: Final = Path(__file__).resolve().parents[2]
 COMPOSE_FILE: Final = REPO / "compose.yaml"
+HA_FILE: Final = REPO / "compose.ha.yaml"
 
 
 def compose_binary() -> Path:
@@ -27,22 +28,29 @@ def compose_binary() -> Path:
 
 
 def compose(
-    *args: str, file: Path = COMPOSE_FILE, env: dict[str, str] | None = None
+    *args: str,
+    file: Path = COMPOSE_FILE,
+    overrides: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run Compose on `file` with the repository as project directory and a clean environment.
+    """Run Compose on `file` (and `overrides` on top, in order) with the repository as
+    project directory and a clean environment.
 
     The caller's COMPOSE_*, DOCKER_* and .env settings stay out, so the file is checked
     with the defaults a user gets.
     """
-    command = [str(compose_binary()), "-f", str(file), "--project-directory", str(REPO)]
+    files = [arg for path in (file, *overrides) for arg in ("-f", str(path))]
+    command = [str(compose_binary()), *files, "--project-directory", str(REPO)]
     command += ["--env-file", "/dev/null", *args]
     clean_env = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir(), **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, env=clean_env, check=False)
 
 
-def resolved(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Return the project as Compose resolves it (profiles and variables applied)."""
-    result = compose(*args, "config", "--format", "json", env=env)
+def resolved(
+    *args: str, overrides: tuple[Path, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Return the project as Compose resolves it (profiles, overrides and variables applied)."""
+    result = compose(*args, "config", "--format", "json", overrides=overrides, env=env)
     assert result.returncode == 0, result.stderr
     project: dict[str, Any] = json.loads(result.stdout)
     return project

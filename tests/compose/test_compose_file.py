@@ -57,11 +57,13 @@ def test_settings_come_from_environment_variables() -> None:
     assert services["frontend"]["ports"][0]["published"] == "9000"
     assert services["frontend"]["environment"]["DYN_NAMESPACE"] == "prod"
     assert services["worker"]["environment"]["DYN_SYSTEM_AUTH_TOKEN"] == "t0k"
+    assert services["frontend"]["environment"]["DYN_SYSTEM_AUTH_TOKEN"] == "t0k"  # its loads
 
 
 def test_auth_token_stays_unset_unless_given() -> None:
-    worker_env = resolved()["services"]["worker"]["environment"]
-    assert worker_env["DYN_SYSTEM_AUTH_TOKEN"] is None
+    for service in ("worker", "frontend"):
+        env = resolved()["services"][service]["environment"]
+        assert env["DYN_SYSTEM_AUTH_TOKEN"] is None, service
 
 
 def test_misspelt_key_fails(tmp_path: Path) -> None:

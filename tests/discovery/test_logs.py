@@ -31,3 +31,36 @@ def test_json_logs_give_one_object_per_line_for_our_and_library_loggers():
     assert all(line["process"] == "frontend" and "timestamp" in line for line in lines)
     assert lines[0]["worker"] == "w1"
     assert lines[1]["logger"] == "uvicorn.error"
+
+
+STRAY = textwrap.dedent("""
+    import gc, threading, warnings
+    from discovery.logs import configure_logging
+    configure_logging(process="worker")
+
+    class Leaky:
+        def __del__(self):
+            raise RuntimeError("failed in __del__")
+
+    Leaky()
+    gc.collect()
+    warnings.warn("a library warns", DeprecationWarning, stacklevel=1)
+    thread = threading.Thread(target=lambda: 1 / 0, name="helper")
+    thread.start()
+    thread.join()
+    raise SystemError("nobody caught this")
+""")
+
+
+def test_json_logs_turn_warnings_and_uncaught_exceptions_into_one_line_each():
+    env = {**os.environ, "LOG_FORMAT": "json", "PYTHONWARNINGS": "always"}
+    done = subprocess.run([sys.executable, "-c", STRAY], env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    assert len(lines) == 4
+    assert "failed in __del__" in lines[0]["exception"]
+    assert "a library warns" in lines[1]["event"] and lines[1]["logger"] == "py.warnings"
+    assert lines[2]["event"] == "uncaught exception in thread" and lines[2]["thread"] == "helper"
+    assert "ZeroDivisionError" in lines[2]["exception"]
+    assert lines[3]["event"] == "uncaught exception"
+    assert "nobody caught this" in lines[3]["exception"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import structlog
+
 from discovery.client import connect_etcd
 from discovery.watch_cache import WatchCache
 from launch.local_servers import LocalServer
@@ -63,12 +65,15 @@ async def test_cache_catches_up_after_etcd_restarts(own_etcd: LocalServer, names
     prefix = f"{namespace}/"
     async with await WatchCache.start(etcd, prefix, _as_text) as cache:
         await etcd.put(f"{prefix}before".encode(), b"ok:0")
-        await asyncio.to_thread(own_etcd.restart)
-        writer = await connect_etcd(own_etcd.url)
-        await _random_storm(writer, prefix, 100, random.Random(SEED))
-        expected = await _etcd_view(writer, prefix)
-        await cache.wait_until(lambda items: dict(items) == expected, timeout_s=15)
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.to_thread(own_etcd.restart)
+            writer = await connect_etcd(own_etcd.url)
+            await _random_storm(writer, prefix, 100, random.Random(SEED))
+            expected = await _etcd_view(writer, prefix)
+            await cache.wait_until(lambda items: dict(items) == expected, timeout_s=15)
         await writer.close()
+    warnings = [log for log in logs if log["log_level"] == "warning"]
+    assert 1 <= len(warnings) <= 2  # a line when the watch breaks, not one per retry
     await etcd.close()
 
 

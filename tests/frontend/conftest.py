@@ -14,6 +14,7 @@ import uvicorn
 from litestar import Litestar
 
 from discovery.client import EtcdClient
+from discovery.settings import EtcdSettings
 from frontend.app import create_app
 from frontend.config import FrontendConfig
 from frontend.dispatcher import DispatchSettings
@@ -64,7 +65,9 @@ async def run_frontend(config: FrontendConfig) -> AsyncIterator[RunningFrontend]
 
 @pytest.fixture
 async def frontend(etcd_url: str, nats_url: str, namespace: str) -> AsyncIterator[RunningFrontend]:
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH)  # fmt: skip
     async with run_frontend(config) as running:
         yield running

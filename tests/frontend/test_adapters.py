@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from discovery.keys import adapter_key
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from launch.cli import main as lorafleet
 from proto.adapters import AdapterSpec, LoraSource
@@ -33,7 +34,9 @@ def _spec(name: str = "org/robot", **fields: object) -> dict:
 
 @pytest.fixture
 async def admin_frontend(etcd_url: str, nats_url: str, namespace: str):
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, admin_token=TOKEN)  # fmt: skip
     async with run_frontend(config) as running:
         yield running
@@ -200,3 +203,25 @@ async def test_the_adapter_routes_are_in_the_openapi_document(frontend) -> None:
     operations = {op["operationId"] for path in schema["paths"].values() for op in path.values()}
     assert {"applyAdapter", "listAdapters", "getAdapter", "deleteAdapter"} <= operations
     assert "instances" in schema["components"]["schemas"]["AdapterStatus"]["properties"]
+
+
+async def test_answers_without_a_token_show_no_paths_on_a_worker_s_disk(
+    admin_frontend, demo
+) -> None:
+    http = admin_frontend.http
+    chef = _spec("chef", source={"uri": "file:///srv/team-x/adapters/chef"})
+    assert (await http.post("/v1/adapters", json=chef, headers=AUTH)).status_code == 201
+
+    answers = {
+        path: (await http.get(path)).text
+        for path in ("/v1/models", "/v1/models/chef", "/v1/models/pirate", "/v1/models/demo",
+                     "/v1/adapters", "/v1/adapters/chef")
+    }  # fmt: skip
+
+    for path, text in answers.items():
+        for local in ("/srv/team-x", "/adapters/", "/models/"):  # chef, pirate, demo's paths
+            assert local not in text, (path, text)
+    roots = {m["id"]: m["root"] for m in json.loads(answers["/v1/models"])["data"]}
+    assert roots == {"chef": "file:///***/chef", "demo": "file:///***/demo",
+                     "pirate": "file:///***/pirate"}  # fmt: skip
+    assert json.loads(answers["/v1/adapters/chef"])["source"]["uri"] == "file:///***/chef"

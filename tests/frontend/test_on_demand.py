@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from discovery.settings import EtcdSettings
 from frontend.config import FrontendConfig
 from proto.discovery import decode_card
 from proto.placement import rendezvous_order
@@ -37,8 +38,8 @@ def lora_workers(
     """Start ``count`` mocker workers of ``demo`` with LoRA on, in parallel; all are killed."""
     started: list[ServiceProcess] = []
 
-    def start(count: int, *args: str) -> list[ServiceProcess]:
-        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+    def start(count: int, *args: str, env: dict[str, str] | None = None) -> list[ServiceProcess]:
+        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache"), **(env or {})}
         argv = ("--engine", "mocker", "--enable-lora", *args)
         where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
         batch = [
@@ -180,9 +181,32 @@ async def test_a_failed_load_answers_the_worker_s_error(
     assert "pinned or busy" in full.json()["error"]["message"]
     missing = await _complete(frontend.http, "ghost")
     assert missing.status_code == 404, missing.text
-    assert "no such file or directory" in missing.json()["error"]["message"]
+    message = missing.json()["error"]["message"]
+    assert "file:///***/ghost: no such file or directory" in message
+    assert "nonexistent" not in message  # the worker's paths are not the client's business
     assert (await _complete(frontend.http, "keeper")).status_code == 200
     await _assert_cards_match_engines([worker], etcd, namespace)
+
+
+async def test_on_demand_loads_carry_the_workers_token(
+    lora_workers, frontend, etcd_url, nats_url, namespace, tmp_path
+) -> None:
+    env = {"DYN_SYSTEM_AUTH_TOKEN": "w0rk3r"}
+    (worker,) = await asyncio.to_thread(lora_workers, 1, env=env)
+    await _apply(frontend.http, "pirate", _uri(tmp_path, "pirate"))
+
+    refused = await _complete(frontend.http, "pirate")  # ``frontend`` has no worker token
+    assert refused.status_code == 502, refused.text
+    assert "DYN_SYSTEM_AUTH_TOKEN" in refused.json()["error"]["message"]
+    assert _loaded(worker) == set()
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
+                            dispatch=FAST_DISPATCH, worker_token="w0rk3r")  # fmt: skip
+    async with run_frontend(config) as holding_the_token:
+        answer = await _complete(holding_the_token.http, "pirate")
+    assert answer.status_code == 200, answer.text
+    assert _loaded(worker) == {"pirate"}
 
 
 async def test_a_load_that_never_answers_times_out_with_503(
@@ -190,7 +214,9 @@ async def test_a_load_that_never_answers_times_out_with_503(
 ) -> None:
     mute_to_updates = await StandInWorker(nats_url, etcd, namespace, "demo").start()
     workers.append(mute_to_updates)  # answers pings, never load_lora
-    config = FrontendConfig(namespace=namespace, etcd_endpoints=etcd_url, nats_server=nats_url,
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url,
                             dispatch=FAST_DISPATCH, on_demand_timeout_s=0.5)  # fmt: skip
     async with run_frontend(config) as running:
         await wait_for_models(running, {"demo"})

@@ -90,8 +90,10 @@ async def test_next_returns_none_when_nothing_arrives_in_time(plane, nats_url, n
 
 async def test_ping_tells_live_from_absent(plane, echo, namespace) -> None:
     subject, _seen = echo
-    assert await plane.ping(subject, 2)
-    assert not await plane.ping(f"{namespace}.nobody", 2)
+    # Generous: a live subject answers at once, an absent one with NATS's no-responders
+    # status at once; the timeout only bounds a loaded machine (2 s once failed in CI-like load).
+    assert await plane.ping(subject, 30)
+    assert not await plane.ping(f"{namespace}.nobody", 30)
 
 
 async def test_cancel_reaches_the_instance(plane, echo) -> None:

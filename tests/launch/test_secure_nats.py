@@ -52,7 +52,7 @@ def _settings(server: LocalServer, credentials: NatsCredentials, role: str) -> N
 
 def test_credentials_are_made_once_and_readable_by_the_owner_only(tmp_path: Path) -> None:
     first = nats_credentials(tmp_path / "state")
-    mode = (tmp_path / "state" / "secrets" / "nats.json").stat().st_mode
+    mode = (tmp_path / "state" / "secure" / "nats.json").stat().st_mode
     assert stat.S_IMODE(mode) == 0o600
     assert nats_credentials(tmp_path / "state") == first
     assert first.passwords["worker"] not in repr(first)
@@ -154,7 +154,7 @@ async def test_up_secure_serves_chat_and_refuses_anonymous_nats_clients(tmp_path
         nats_url = _nats_url(state / "servers" / "nats.log")
         with pytest.raises(NatsAuthError):
             await NatsConnection.connect(NatsSettings(servers=(nats_url,)), name="anonymous")
-        assert stat.S_IMODE((state / "secrets" / "nats.json").stat().st_mode) == 0o600
+        assert stat.S_IMODE((state / "secure" / "nats.json").stat().st_mode) == 0o600
     finally:
         up.send_signal(signal.SIGINT)
         exit_code = await asyncio.to_thread(up.wait, 60)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.errors import CapacityError, InvalidRequestError, NotFoundError
+from proto.errors import InvalidRequestError, NotFoundError
 from proto.inference import GenerateRequest, SamplingParams
 from proto.naming import lora_id
 from tests.vllm.answers import answer, chat
@@ -116,29 +116,10 @@ async def test_removed_adapter_is_not_found_and_the_base_model_answers_as_before
     assert (await answer(engine, chat(DEMO_MODEL_NAME, EXPECTED_PROMPT))).text == EXPECTED["base"]
 
 
-async def test_adapters_beyond_max_loras_are_refused_for_capacity(
-    engine: Any, demo: DemoModelPaths
-) -> None:
-    await engine.add_adapter("extra", lora_id("extra"), demo.adapters["robot"])
-    try:
-        with pytest.raises(CapacityError, match="all 3 adapter slots"):
-            await engine.add_adapter(
-                "one-too-many", lora_id("one-too-many"), demo.adapters["robot"]
-            )
-    finally:
-        await engine.remove_adapter("extra")
-    assert engine.loaded_adapters() == {"pirate": lora_id("pirate"), "robot": lora_id("robot")}
-
-
 async def test_adapter_without_files_is_an_invalid_request(engine: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match=r"adapter_config\.json"):
         await engine.add_adapter("ghost", lora_id("ghost"), tmp_path)
     assert "ghost" not in engine.loaded_adapters()
-
-
-async def test_removing_an_unknown_adapter_is_not_found(engine: Any) -> None:
-    with pytest.raises(NotFoundError, match=r"loaded: \['pirate', 'robot'\]"):
-        await engine.remove_adapter("never-loaded")
 
 
 async def test_base_card_reports_the_context_length_vllm_uses(engine: Any) -> None:

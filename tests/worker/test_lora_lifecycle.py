@@ -182,6 +182,27 @@ async def test_missing_adapter_directory_is_a_clear_4xx(lora_worker, tmp_path):
         assert response.json()["lora_name"] == "ghost"
 
 
+async def test_weights_linked_from_outside_the_file_roots_are_a_clear_400(lora_worker, tmp_path):
+    roots = tmp_path / "allowed"
+    adapter = make_adapter_dir(roots, "pirate")
+    secret = tmp_path / "private" / "weights.bin"
+    secret.parent.mkdir()
+    secret.write_bytes(b"\x01" * 64)
+    (adapter / "adapter_model.safetensors").unlink()
+    (adapter / "adapter_model.safetensors").symlink_to(secret)
+    worker = lora_worker(env={"DYN_LORA_FILE_ROOTS": str(roots)})
+    async with httpx.AsyncClient(base_url=worker.url) as client:
+        body = _load_body("pirate", f"file://{adapter}")
+        response = await client.post("/engine/update/load_lora", json=body)
+        assert response.status_code == 400, response.text
+        answer = response.json()
+        assert answer["lora_name"] == "pirate"
+        message = answer["message"]
+        assert "adapter_model.safetensors is a symbolic link that leads outside" in message
+        assert "private" not in message
+        assert await _loaded(client) == {}
+
+
 async def test_mutating_routes_need_the_bearer_token(lora_worker, adapters):
     worker = lora_worker(env={"DYN_SYSTEM_AUTH_TOKEN": "s3cret"})
     body = _load_body("pirate", adapters["pirate"])

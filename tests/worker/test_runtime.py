@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import socket
 import time
 import urllib.error
 import urllib.request
 
+import msgspec
 import pytest
 
 from discovery.keys import base_card_key, instance_key
+from launch.local_servers import free_port
 from proto.discovery import decode_card, decode_instance
 from proto.inference import (
     CancelRequest,
@@ -18,9 +23,19 @@ from proto.inference import (
     GenerateRequest,
     SamplingParams,
     TokenChunk,
+    decode_chunk,
     encode_msg,
 )
-from tests.processes import ServiceProcess
+from tests.processes import ServiceProcess, start_worker
+from tests.stuck_clients import (
+    EXIT_MARGIN_S,
+    closed_by_server,
+    hung,
+    served_after,
+    stop_by_signal,
+    stuck_clients,
+)
+from tests.worker.nats_late import worker_waits_for_late_nats
 from tests.worker.streaming import stream
 
 
@@ -84,6 +99,22 @@ async def test_unknown_model_reaches_the_caller_as_an_error_chunk(
     chunks = await stream(nc, instance.subject, GenerateRequest(request_id="r", model="nope"))
     assert len(chunks) == 1 and isinstance(chunks[0], ErrorChunk)
     assert chunks[0].error.code == "not_found" and "'nope'" in chunks[0].error.message
+
+
+async def test_a_message_nested_too_deeply_is_answered_as_invalid(
+    worker_factory, etcd, nc, namespace
+):
+    """A tool's msgpack update nested 10,000 levels deep: an error reply, and the worker lives."""
+    worker_factory()
+    instance = await _instance(etcd, namespace)
+    head = msgspec.msgpack.encode({"kind": "update", "name": "list_loras"})
+    deep = b"\x91" * 10_000 + b"\xc0"  # [[[...[nil]...]]] in msgpack
+    body = msgspec.msgpack.encode("body") + b"\x81" + msgspec.msgpack.encode("x") + deep
+    data = b"\x83" + head[1:] + body  # the two fields of ``head``, then ``body``: three
+    reply = decode_chunk((await nc.request(instance.subject, data, timeout=10)).data)
+    assert isinstance(reply, ErrorChunk) and reply.error.code == "invalid_request"
+    chunks = await stream(nc, instance.subject, GenerateRequest(request_id="r", model="demo"))
+    assert isinstance(chunks[-1], FinalChunk)
 
 
 async def test_cancel_stops_generation_at_the_worker(worker_factory, etcd, nc, namespace):
@@ -185,3 +216,97 @@ async def test_status_server_answers_bad_bodies_with_4xx(worker_factory, body, s
         await asyncio.to_thread(urllib.request.urlopen, request)
     assert caught.value.code == status
     assert says in caught.value.read().decode()
+
+
+def _json_lines(worker: ServiceProcess) -> list[dict]:
+    """Every line of the worker's log as a JSON object (fails on any line that is not)."""
+    return [json.loads(line) for line in worker.log_path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_worker_waiting_for_nats_logs_json_once_and_stops_at_a_signal(worker_factory, signum):
+    down = f"nats://127.0.0.1:{free_port()}"
+    worker = worker_factory(env={"NATS_SERVER": down, "LOG_FORMAT": "json"}, wait=False)
+    worker.wait_for_log("waiting for NATS")
+    code, took_s = stop_by_signal(worker, grace_s=0, signum=signum)
+    assert code == 0 and took_s < EXIT_MARGIN_S
+    events = [line["event"] for line in _json_lines(worker)]
+    assert events == ["waiting for NATS", "stopped during start-up"]
+
+
+def test_worker_gives_up_on_nats_after_the_connect_timeout(worker_factory):
+    down = f"nats://127.0.0.1:{free_port()}"
+    env = {"NATS_SERVER": down, "LOG_FORMAT": "json", "DYN_CONNECT_TIMEOUT_S": "3"}
+    worker = worker_factory(env=env, wait=False)
+    assert worker.process.wait(30) == 1
+    lines = _json_lines(worker)  # about ten attempts, two lines, all JSON, no traceback
+    assert [line["event"] for line in lines] == ["waiting for NATS", "worker failed"]
+    assert lines[0]["url"] == down and "Connection refused" in lines[0]["reason"]
+    assert "gave up on NATS" in lines[1]["error"] and "NATS_SERVER" in lines[1]["error"]
+
+
+def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, nats_url, own_etcd):
+    worker = start_worker(
+        tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace="stuck",
+        args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
+    )  # fmt: skip
+    try:
+        with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
+            served_after(worker)
+            with hung(own_etcd):
+                code, took_s = stop_by_signal(worker, grace_s=2)
+    finally:
+        worker.kill()
+    assert code == 0
+    assert took_s < 2 + EXIT_MARGIN_S
+    assert "shutting down" in [line["event"] for line in _json_lines(worker)]
+
+
+async def test_load_lora_while_stopping_answers_503_shutting_down(
+    worker_factory, etcd, nc, namespace
+):
+    worker = worker_factory("--mocker-time-per-token-s", "0.05")
+    instance = await _instance(etcd, namespace)
+    request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=60))
+    first_token = asyncio.Event()
+    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
+    await first_token.wait()
+    worker.process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(10):
+        while await asyncio.to_thread(_get_status, worker, "/health") != 503:
+            await asyncio.sleep(0.05)
+    request_body = b'{"lora_name": "pirate", "source": {"uri": "file:///nowhere"}}'
+    status, body = await asyncio.to_thread(_post, worker, "/engine/update/load_lora", request_body)
+    assert status == 503 and body["code"] == "shutting_down"
+    assert "shutting down" in body["message"]
+    assert isinstance((await pending)[-1], FinalChunk)  # the drain still finished it
+
+
+def _get_status(worker: ServiceProcess, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{worker.url}{path}") as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _post(worker: ServiceProcess, path: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(f"{worker.url}{path}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_status_connections_without_a_request_head_are_closed(worker_factory):
+    worker = worker_factory("--header-timeout-s", "1")
+    silent = socket.create_connection(("127.0.0.1", worker.port), timeout=20)
+    half = socket.create_connection(("127.0.0.1", worker.port), timeout=20)
+    half.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: never complete
+    assert closed_by_server(silent) and closed_by_server(half)
+    served_after(worker)  # complete requests are still answered
+
+
+def test_worker_waits_for_nats_that_comes_up_late(tmp_path, etcd_url):
+    worker_waits_for_late_nats(tmp_path, etcd_url, down_s=3)

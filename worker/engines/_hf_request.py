@@ -64,6 +64,8 @@ class InFlight:
     row: Row
     text: TextStream
     max_new_tokens: int
+    prompt_tokens: int
+    """The request's own prompt, without the tokens a continuation resumes after."""
     outbox: asyncio.Queue[Outcome] = field(default_factory=asyncio.Queue)
     unsent_tokens: int = 0
 
@@ -95,15 +97,18 @@ class InFlight:
             self.outbox.put_nowait(error)
             self.row.state = RowState.DONE
 
+    def end_exhausted(self) -> None:
+        """End at once with ``length``: a continuation whose token budget is already spent."""
+        self._finish("length", "")
+
     def _send(self, text: str) -> None:
-        self.outbox.put_nowait(TokenChunk(text=text, tokens=self.unsent_tokens))
+        ids = self.row.output_ids[len(self.row.output_ids) - self.unsent_tokens :]
+        self.outbox.put_nowait(TokenChunk(text=text, tokens=self.unsent_tokens, token_ids=ids))
         self.unsent_tokens = 0
 
     def _finish(self, reason: FinishReason, text: str) -> None:
         if text:
             self._send(text)
-        usage = Usage(
-            prompt_tokens=len(self.row.prompt_ids), completion_tokens=len(self.row.output_ids)
-        )
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=len(self.row.output_ids))
         self.outbox.put_nowait(FinalChunk(finish_reason=reason, usage=usage))
         self.row.state = RowState.DONE

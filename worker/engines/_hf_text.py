@@ -17,7 +17,14 @@ _REPLACEMENT_CHAR: Final = "\ufffd"
 class TextStream:
     """Incremental detokenizer with stop strings (the stop string itself is never emitted)."""
 
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: Sequence[str] = (), generated: Sequence[int] = ()
+    ) -> None:
+        """``generated``: ids a continuation resumes after; their text counts as sent.
+
+        They are pushed one by one, exactly as the instance that generated them did, so
+        the state (held-back text, decode offsets) and every later delta are the same.
+        """
         self._tokenizer = tokenizer
         self._stop = [s for s in stop if s]
         self._ids: list[int] = []
@@ -26,6 +33,8 @@ class TextStream:
         self._text = ""
         self._sent = 0
         self.stopped = False
+        for token_id in generated:
+            self.push(token_id)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text that is now safe to send (maybe empty)."""

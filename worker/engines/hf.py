@@ -31,11 +31,12 @@ from proto.errors import (
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig
-from worker.engines._hf_adapters import Adapter, AdapterTable, check_adapter_files
+from worker.engines._hf_adapters import Adapter
 from worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
 from worker.engines._hf_model import ModelHost
 from worker.engines._hf_request import InFlight, check_sampling, prompt_ids
 from worker.engines._hf_text import TextStream
+from worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["EngineState", "HFEngine"]
 
@@ -70,7 +71,7 @@ class HFEngine(AdapterEngine):
         self._batch: DecodeBatch | None = None
         self._waiting: deque[InFlight] = deque()
         self._running: list[InFlight] = []
-        self._adapters = AdapterTable(base_name=config.model_name, max_loras=config.max_loras)
+        self._adapters: dict[str, Adapter] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._peak_batch = 0
@@ -120,7 +121,7 @@ class HFEngine(AdapterEngine):
 
     def loaded_adapters(self) -> dict[str, int]:
         """Adapters usable now, by name, with their ``lora_id``."""
-        return {a.name: a.lora_id for a in self._adapters.loaded.values()}
+        return {a.name: a.lora_id for a in self._adapters.values()}
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
         """Stream ``request``'s tokens; leaving the stream early frees its batch row."""
@@ -144,16 +145,12 @@ class HFEngine(AdapterEngine):
         """Validate and queue ``request``; raise before any work for what cannot be served."""
         if self.state is not EngineState.RUNNING or self._host is None:
             raise UnavailableError(f"hf engine for {self.config.model_name} is not running")
-        adapter = self._adapters.resolve(request.model)
-        ids = prompt_ids(self._host.tokenizer, request)
+        adapter = self.resolve(request.model, self._adapters)
+        prompt = prompt_ids(self._host.tokenizer, request)
+        ids = prompt + request.generated_ids  # a continuation resumes after its tokens
         context = min(self.config.context_length, self._host.max_positions or 1 << 30)
-        if len(ids) >= context:
-            raise InvalidRequestError(
-                f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
-                f"in the context of {context} tokens"
-            )
         sampling = request.sampling
-        check_sampling(request.request_id, sampling)
+        budget = min(sampling.max_tokens, context - len(ids))
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         row = Row(prompt_ids=ids, params=sampling, generator=torch.Generator().manual_seed(seed))
         row.adapter = adapter.key if adapter else BASE_ADAPTER
@@ -161,9 +158,19 @@ class HFEngine(AdapterEngine):
             request_id=request.request_id,
             model=request.model,
             row=row,
-            text=TextStream(self._host.tokenizer, sampling.stop),
-            max_new_tokens=min(sampling.max_tokens, context - len(ids)),
+            text=TextStream(self._host.tokenizer, sampling.stop, request.generated_ids),
+            max_new_tokens=budget,
+            prompt_tokens=len(prompt),
         )
+        if request.generated_ids and budget <= 0:
+            pending.end_exhausted()
+            return pending
+        if len(ids) >= context:
+            raise InvalidRequestError(
+                f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
+                f"in the context of {context} tokens"
+            )
+        check_sampling(request.request_id, sampling)
         self._waiting.append(pending)
         self._wake.set()
         return pending
@@ -209,21 +216,15 @@ class HFEngine(AdapterEngine):
         self._running.clear()
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
-        """Load the peft adapter at ``path`` as ``name`` (already loaded from there: no work)."""
+        """Load the peft adapter at ``path`` as ``name``."""
         if self.state is not EngineState.RUNNING or self._host is None:
             raise UnavailableError(f"adapter {name!r}: hf engine is not running")
         if not self.config.enable_lora:
             raise InvalidRequestError(f"adapter {name!r}: LoRA is not enabled on this engine")
-        adapter = self._adapters.reserve(name, lora_id, path)
-        if adapter is None:
-            return
+        adapter = Adapter(name=name, lora_id=lora_id, path=path)
         started, host, max_rank = time.monotonic(), self._host, self.config.max_lora_rank
-        loaded = False
-        try:
-            await self._on_model_thread(lambda: _load_adapter(host, adapter, max_rank))
-            loaded = True
-        finally:
-            self._adapters.settle(adapter, loaded=loaded)
+        await self._on_model_thread(lambda: _load_adapter(host, adapter, max_rank))
+        self._adapters[name] = adapter
         log.info(
             "hf.adapter.added",
             adapter=name,
@@ -249,14 +250,14 @@ class HFEngine(AdapterEngine):
                 lambda: (batch.drop(rows), host.remove_adapter(adapter.key))
             )
         except Exception as exc:
-            self._adapters.settle(adapter, loaded=True)
+            self._adapters[name] = adapter
             raise UpstreamError(f"adapter {name!r}: removing it failed: {exc}") from exc
         log.info("hf.adapter.removed", adapter=name, lora_id=adapter.lora_id)
 
 
 def _load_adapter(host: ModelHost, adapter: Adapter, max_rank: int) -> None:
     """On the model thread: check the files, then load into peft (undone on failure)."""
-    check_adapter_files(adapter.name, adapter.path, max_rank)
+    check_adapter_rank(adapter.name, adapter.path, max_rank)
     try:
         host.add_adapter(adapter.key, adapter.path)
     except Exception as exc:

@@ -1,4 +1,4 @@
-"""The mocker engine: no weights, synthetic tokens at a set rate, a real adapter table.
+"""The mocker engine: no weights, synthetic tokens at a set rate, adapters by name.
 
 It runs every worker and LoRA path without a model, and injects delays and
 failures on request so that rollback and start-up failures are testable.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proto.errors import CapacityError, NotFoundError, UpstreamError
+from proto.errors import UpstreamError
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig, ModelEndpoint
@@ -50,12 +50,13 @@ class MockerOptions:
 
 
 class MockerEngine(AdapterEngine):
-    """Streams ``{model}:{i}`` tokens; adapters live in a table with ``max_loras`` slots."""
+    """Streams ``{model}:{i}`` tokens for the base model and the adapters it was given."""
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.options = MockerOptions.from_options(dict(config.options))
         self.adapters: dict[str, int] = {}
+        """Adapter name to ``lora_id``: the engine's handles (the controller keeps the slots)."""
         self.endpoint: ModelEndpoint | None = None
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
@@ -67,12 +68,17 @@ class MockerEngine(AdapterEngine):
         await super().on_endpoint_ready(endpoint)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
-        """Stream up to ``max_tokens`` synthetic tokens for the base model or a loaded adapter."""
-        self._check_served(request.model)
-        budget = min(request.sampling.max_tokens, self.options.output_tokens)
-        for index in range(budget):
+        """Stream up to ``max_tokens`` synthetic tokens for the base model or a loaded adapter.
+
+        Token ``i`` has id ``i``, so a continuation (``generated_ids``) resumes at the
+        index after them, as a real engine resumes after its given tokens.
+        """
+        self.resolve(request.model, self.adapters)
+        start = len(request.generated_ids)
+        budget = max(0, min(request.sampling.max_tokens, self.options.output_tokens - start))
+        for index in range(start, start + budget):
             await asyncio.sleep(self.options.time_per_token_s)
-            yield TokenChunk(text=f"{request.model}:{index} ")
+            yield TokenChunk(text=f"{request.model}:{index} ", token_ids=[index])
         finish = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
@@ -80,29 +86,19 @@ class MockerEngine(AdapterEngine):
         )
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
-        """Take a slot for ``name``; fails when all ``max_loras`` slots are taken."""
+        """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
         await asyncio.sleep(self.options.add_adapter_delay_s)
         if self.options.fail_add_adapter and re.fullmatch(self.options.fail_add_adapter, name):
             raise UpstreamError(f"mocker: adding adapter {name!r} failed as configured")
-        if name not in self.adapters and len(self.adapters) >= self.config.max_loras:
-            raise CapacityError(
-                f"cannot load adapter {name!r}: all {self.config.max_loras} adapter slots are "
-                f"taken by {sorted(self.adapters)}; unload one first"
-            )
         self.adapters[name] = lora_id
 
     async def remove_adapter(self, name: str) -> None:
-        """Free ``name``'s slot."""
+        """Stop serving ``name``."""
         if self.options.fail_remove_adapter and re.fullmatch(
             self.options.fail_remove_adapter, name
         ):
             raise UpstreamError(f"mocker: removing adapter {name!r} failed as configured")
-        self.adapters.pop(name, None)
-
-    def _check_served(self, model: str) -> None:
-        if model != self.config.model_name and model not in self.adapters:
-            served = [self.config.model_name, *sorted(self.adapters)]
-            raise NotFoundError(f"model {model!r} is not served here; this worker serves {served}")
+        del self.adapters[name]
 
 
 def _prompt_words(request: GenerateRequest) -> int:

@@ -35,7 +35,7 @@ from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, 
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig
-from worker.engines._adapter_table import AdapterTable, check_adapter_dir
+from worker.engines._adapter_table import AdapterTable
 from worker.engines._batch_groups import BatchGroupGate
 from worker.engines._vllm_settings import (
     engine_kwargs,
@@ -43,6 +43,7 @@ from worker.engines._vllm_settings import (
     isolation_mode,
     sampling_kwargs,
 )
+from worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
 
@@ -99,9 +100,7 @@ class VLLMEngine(AdapterEngine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._gate: BatchGroupGate | None = None
-        self._table: AdapterTable[Any] = AdapterTable(
-            base_model=config.model_name, max_loras=config.max_loras
-        )
+        self._table: AdapterTable[Any] = AdapterTable()
         self._table_lock = asyncio.Lock()
         self._ids = itertools.count()
         self.startup_s: float | None = None
@@ -150,7 +149,8 @@ class VLLMEngine(AdapterEngine):
 
     def loaded_adapters(self) -> dict[str, int]:
         """The adapters ``generate`` serves now: name to ``lora_id``."""
-        return self._table.names()
+        handles = self._table.handles
+        return {name: handles[name].lora_int_id for name in sorted(handles)}
 
     def unfinished_requests(self) -> int:
         """Requests vLLM still holds (waiting or running); 0 once every stream has ended."""
@@ -167,9 +167,7 @@ class VLLMEngine(AdapterEngine):
         from vllm.lora.request import LoRARequest
 
         async with self._table_lock:
-            if self._table.check_new(name, lora_id):
-                return
-            check_adapter_dir(name, path, self.config.max_lora_rank)
+            check_adapter_rank(name, path, self.config.max_lora_rank)
             request = LoRARequest(name, lora_id, str(path))
             started = time.monotonic()
             try:
@@ -178,14 +176,14 @@ class VLLMEngine(AdapterEngine):
                 raise _adapter_error(name, path, exc) from exc
             if added is False:
                 raise UpstreamError(f"vLLM refused adapter {name!r} from {path}")
-            self._table.put(name, request)
+            self._table.handles[name] = request
         log.info("vllm.adapter_added", adapter=name, lora_id=lora_id, path=str(path),
                  load_s=round(time.monotonic() - started, 3))  # fmt: skip
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name``: let its requests finish (abort them after a while), free it."""
         async with self._table_lock:
-            request = self._table.pop(name)
+            request = self._table.handles.pop(name)
             left = await self._table.wait_idle(name, REMOVE_DRAIN_S)
             if left:
                 log.warning("vllm.adapter_remove_aborts", adapter=name, requests=len(left))
@@ -194,7 +192,7 @@ class VLLMEngine(AdapterEngine):
             try:
                 await self._llm.remove_lora(request.lora_int_id)
             except Exception as exc:
-                self._table.put(name, request)
+                self._table.handles[name] = request
                 raise UpstreamError(f"vLLM failed to remove adapter {name!r}: {exc}") from exc
         log.info("vllm.adapter_removed", adapter=name, lora_id=request.lora_int_id)
 
@@ -214,8 +212,12 @@ class VLLMEngine(AdapterEngine):
         """Stream text deltas for ``request``, then its finish reason and usage."""
         if self._llm is None:
             raise UnavailableError(f"vllm engine for {self.config.model} is not started")
-        lora = self._table.resolve(request.model)
+        lora = self.resolve(request.model, self._table.handles)
         prompt_ids = self._prompt_ids(request)
+        if request.generated_ids and self._spent(request, len(prompt_ids)):
+            usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=0)
+            yield FinalChunk(finish_reason="length", usage=usage)  # a spent continuation
+            return
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -227,9 +229,10 @@ class VLLMEngine(AdapterEngine):
         admit = self._gate.admit(group) if self._gate else contextlib.nullcontext()
         final: FinalChunk | None = None
         async with self._table.tracked(request.model, request_id), admit:
-            stream = self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id, lora_request=lora
-            )
+            # A continuation resumes after its tokens; vLLM's detokenizer reads the prompt's
+            # last tokens as context, so the first new token decodes as it would have.
+            tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}
+            stream = self._llm.generate(tokens, params, request_id, lora_request=lora)
             async for chunk in self._chunks(stream, request_id, len(prompt_ids)):
                 if isinstance(chunk, FinalChunk):
                     final = chunk  # yielded after leaving the gate: vLLM is done with it
@@ -238,19 +241,25 @@ class VLLMEngine(AdapterEngine):
         if final is not None:
             yield final
 
+    def _spent(self, request: GenerateRequest, prompt_tokens: int) -> bool:
+        """Whether a continuation has no token left: ``max_tokens`` or the context is used up."""
+        room = self.max_model_len - prompt_tokens - len(request.generated_ids)
+        return min(request.sampling.max_tokens, room) <= 0
+
     async def _chunks(
         self, stream: Any, request_id: str, prompt_tokens: int
     ) -> AsyncIterator[TokenChunk | FinalChunk]:
         """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
-        completion_tokens, held_tokens, reason = 0, 0, None
+        completion_tokens, reason = 0, None
+        held_ids: list[int] = []  # ids whose text vLLM has not released yet
         try:
             async for output in stream:
                 delta = output.outputs[0]
                 completion_tokens += len(delta.token_ids)
-                held_tokens += len(delta.token_ids)
+                held_ids += list(delta.token_ids)
                 if delta.text:
-                    yield TokenChunk(text=delta.text, tokens=held_tokens)
-                    held_tokens = 0
+                    yield TokenChunk(text=delta.text, tokens=len(held_ids), token_ids=held_ids)
+                    held_ids = []
                 if output.finished:
                     reason = delta.finish_reason or "stop"
         except LorafleetError:

@@ -1,4 +1,4 @@
-"""The LoRA manager: resolve adapter URIs (file://, s3://, custom) to local adapter directories."""
+"""The LoRA manager: resolve adapter URIs (file://, s3://, hf://, custom) to local directories."""
 
 from worker.lora._redact import redact_uri
 from worker.lora.config import LoRAManagerConfig
@@ -10,10 +10,13 @@ from worker.lora.errors import (
     LoraSourceError,
     LoraUnavailableError,
 )
-from worker.lora.lora_manager import LoRAManager
+from worker.lora.hf_source import HfSource
+from worker.lora.lora_manager import DownloadResult, LoRAManager
 from worker.lora.source import InPlaceSource, LoRASource
 
 __all__ = [
+    "DownloadResult",
+    "HfSource",
     "InPlaceSource",
     "LoRAManager",
     "LoRAManagerConfig",

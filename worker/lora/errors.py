@@ -19,6 +19,7 @@ failure in ``failures``.
 from __future__ import annotations
 
 from proto.errors import InvalidRequestError, LorafleetError, NotFoundError, UnavailableError
+from proto.limits import shorten
 from worker.lora._redact import redact_uri
 
 __all__ = [
@@ -34,8 +35,9 @@ __all__ = [
 class LoraSourceError(LorafleetError):
     """An adapter URI could not be resolved to a local directory.
 
-    ``uri`` is stored without secrets; ``failures`` holds the per-source errors
-    when several sources were tried.
+    ``uri`` is stored without secrets, cut to ``MAX_SHOWN_CHARS``; ``failures`` holds
+    the per-source errors when several sources were tried. ``reason`` travels as a field
+    of its own, so a frontend can tell a client why without the URI or the operator's hint.
     """
 
     def __init__(
@@ -46,12 +48,12 @@ class LoraSourceError(LorafleetError):
         hint: str = "",
         failures: tuple[LoraSourceError, ...] = (),
     ) -> None:
-        self.uri = redact_uri(uri)
+        self.uri = shorten(redact_uri(uri))
         self.reason = reason
         self.hint = hint
         self.failures = failures
         message = f"LoRA source {self.uri}: {reason}"
-        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri)
+        super().__init__(f"{message}; {hint}" if hint else message, uri=self.uri, reason=reason)
 
 
 class LoraInvalidUriError(LoraSourceError, InvalidRequestError):

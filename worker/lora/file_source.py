@@ -2,24 +2,42 @@
 
 It never copies: the engine reads the adapter from where it lies. With allowed
 roots (``DYN_LORA_FILE_ROOTS``) a path outside them is refused before anything
-about it (even whether it exists) is revealed.
+about it (even whether it exists) is revealed, and so is an adapter directory
+holding a symbolic link (to a file or a folder) that leads outside them: its
+files are not read, and the answer does not say where the link leads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
 from worker.lora.errors import LoraInvalidAdapterError, LoraInvalidUriError, LoraNotFoundError
 
-__all__ = ["FileSource", "file_uri_path"]
+__all__ = ["ADAPTER_DIR_ENTRIES_MAX", "ESCAPE_HINT", "FileSource", "file_uri_path"]
+
+ADAPTER_DIR_ENTRIES_MAX: Final = 10_000
+"""Entries checked for escaping links before giving up; a PEFT adapter holds a handful."""
+ESCAPE_HINT: Final = (
+    "put the adapter's own files (or links that stay inside DYN_LORA_FILE_ROOTS) in its directory"
+)
+
+NAME_MAX_BYTES: Final = 255
+PATH_MAX_BYTES: Final = 4096
+"""Linux's limits on a path's components and whole; longer paths are the caller's mistake
+(the file system would answer ENAMETOOLONG, which is no outage)."""
 
 
 def file_uri_path(uri: str) -> Path:
     """Return the absolute path named by a ``file:///abs/path`` URI (percent-decoded)."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 host
+        raise LoraInvalidUriError(uri, f"not a file URI ({exc})") from None
     if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
         raise LoraInvalidUriError(
             uri, "a file URI names no host", hint="write file:///absolute/path (three slashes)"
@@ -31,7 +49,20 @@ def file_uri_path(uri: str) -> Path:
             "not an absolute file path",
             hint="write file:///absolute/path and percent-encode '?' and '#'",
         )
+    if _too_long(path):
+        raise LoraInvalidUriError(
+            uri,
+            "the path is too long for a file system",
+            hint=f"at most {PATH_MAX_BYTES} bytes, {NAME_MAX_BYTES} per component",
+        )
     return Path(path)
+
+
+def _too_long(path: str) -> bool:
+    encoded = os.fsencode(path)
+    return len(encoded) >= PATH_MAX_BYTES or any(
+        len(part) > NAME_MAX_BYTES for part in encoded.split(b"/")
+    )
 
 
 class FileSource:
@@ -45,12 +76,9 @@ class FileSource:
     def local_path(self, uri: str) -> Path:
         """Return the resolved adapter directory of ``uri``; raise why it cannot be used."""
         resolved = file_uri_path(uri).resolve()
-        if self._roots and not any(resolved.is_relative_to(root) for root in self._roots):
-            roots = ", ".join(str(root) for root in self._roots)
+        if self._roots and not self._within_roots(resolved):
             raise LoraInvalidUriError(
-                uri,
-                "the path is outside the allowed roots",
-                hint=f"place the adapter under one of DYN_LORA_FILE_ROOTS ({roots})",
+                uri, "the path is outside the allowed roots", hint=self._roots_hint()
             )
         if not resolved.exists():
             raise LoraNotFoundError(
@@ -62,10 +90,40 @@ class FileSource:
                 "not a directory",
                 hint=f"point the URI at the directory that holds {ADAPTER_CONFIG}",
             )
+        if self._roots:
+            self._refuse_escaping_links(uri, resolved)
         problem = adapter_problem(resolved)
         if problem is not None:
             raise LoraInvalidAdapterError(uri, problem, hint="save the adapter with PEFT")
         return resolved
+
+    def _within_roots(self, resolved: Path) -> bool:
+        return any(resolved.is_relative_to(root) for root in self._roots)
+
+    def _roots_hint(self) -> str:
+        roots = ", ".join(str(root) for root in self._roots)
+        return f"place the adapter under one of DYN_LORA_FILE_ROOTS ({roots})"
+
+    def _refuse_escaping_links(self, uri: str, directory: Path) -> None:
+        """Raise ``LoraInvalidAdapterError`` if any entry of ``directory`` (followed through
+        links that stay inside the roots) resolves outside them."""
+        seen: set[Path] = set()
+        entries = 0
+        for current, dirnames, filenames in os.walk(directory, followlinks=True):
+            if (real := Path(current).resolve()) in seen:
+                dirnames.clear()  # a link back to a folder already checked
+                continue
+            seen.add(real)
+            for name in (*dirnames, *filenames):
+                entries += 1
+                entry = Path(current, name)
+                if entries > ADAPTER_DIR_ENTRIES_MAX:
+                    reason = f"the directory holds more than {ADAPTER_DIR_ENTRIES_MAX} entries"
+                    raise LoraInvalidAdapterError(uri, reason, hint=ESCAPE_HINT)
+                if not self._within_roots(entry.resolve()):
+                    link = entry.relative_to(directory).as_posix()
+                    reason = f"{link} is a symbolic link that leads outside the allowed roots"
+                    raise LoraInvalidAdapterError(uri, reason, hint=ESCAPE_HINT)
 
     async def download(self, uri: str, dest: Path) -> Path:
         """Return the adapter's own directory (outside ``dest``): it is used in place."""

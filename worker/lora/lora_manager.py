@@ -7,21 +7,24 @@ path returned here (and pairs :meth:`LoRAManager.acquire` with ``release``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 import traceback
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
+from proto.errors import LorafleetError
 from worker.lora._failures import combine_failures
 from worker.lora._redact import redact_uri
 from worker.lora.adapter_files import adapter_problem
 from worker.lora.cache import AdapterCache
 from worker.lora.config import LoRAManagerConfig, load_source
+from worker.lora.custom_source import CustomSource
 from worker.lora.errors import (
     LoraConfigError,
     LoraInvalidAdapterError,
@@ -30,16 +33,21 @@ from worker.lora.errors import (
     LoraUnavailableError,
 )
 from worker.lora.file_source import FileSource
+from worker.lora.hf_source import HfSource
 from worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
 from worker.lora.source import InPlaceSource, LoRASource
 from worker.lora.uri import cache_key, check_scheme_name, uri_scheme
 
-__all__ = ["LoRAManager"]
+__all__ = ["DownloadResult", "LoRAManager"]
 
 log = structlog.get_logger(__name__)
 
 TRACEBACK_FRAMES: Final = 3
 """Frames of a crashed source's traceback that are logged (never the exception's text)."""
+
+DownloadResult = dict[str, Any]
+"""Dynamo's answer shape: ``{"status": "success", "local_path": str}`` or
+``{"status": "error", "message": str}``."""
 
 
 class LoRAManager:
@@ -47,22 +55,30 @@ class LoRAManager:
 
     Examples::
 
-        manager = LoRAManager.from_env()
+        manager = LoRAManager()                                # DYN_LORA_* (Dynamo's call)
+        result = await manager.download_lora("s3://adapters/pirate")  # Dynamo's dict answer
         path = await manager.acquire("s3://adapters/pirate")   # ... engine.add_lora(path) ...
         manager.release("s3://adapters/pirate")                # after engine.remove_lora
     """
 
     def __init__(
         self,
+        cache_path: str | Path | None = None,
         *,
         config: LoRAManagerConfig | None = None,
         s3_client_factory: S3ClientFactory = default_s3_client,
     ) -> None:
-        self.config = config or LoRAManagerConfig()
+        """``cache_path`` (Dynamo's argument) overrides the cache directory; without ``config``
+        the ``DYN_LORA_*`` environment is read, so ``LoRAManager()`` honours ``DYN_LORA_PATH``."""
+        config = config or LoRAManagerConfig.from_env()
+        if cache_path is not None:
+            config = dataclasses.replace(config, cache_dir=Path(cache_path).expanduser())
+        self.config = config
         self._cache = AdapterCache(self.config.cache_dir, max_bytes=self.config.cache_max_bytes)
         self._sources: dict[str, list[LoRASource]] = {
             "file": [FileSource(roots=self.config.file_roots)],
             "s3": [S3Source(client_factory=s3_client_factory)],
+            "hf": [HfSource()],
         }
         for scheme, spec in self.config.sources:
             self._sources.setdefault(scheme, []).append(load_source(scheme, spec))
@@ -86,14 +102,15 @@ class LoRAManager:
         allowed = self.config.allowed_schemes
         return schemes if allowed is None else schemes & allowed
 
-    def register_custom_source(self, scheme: str, source: LoRASource) -> None:
-        """Add ``source`` for ``scheme``, tried after the sources already registered for it."""
+    def register_custom_source(self, scheme: str, source: object) -> None:
+        """Add ``source`` for ``scheme``, tried after the sources already registered for it.
+
+        As in Dynamo, ``source`` needs only an async ``download(uri, dest)``; when it also
+        has an async ``exists(uri)``, that is asked first ("LoRA not found at ..." on no).
+        """
         if not check_scheme_name(scheme):
             raise LoraConfigError(f"invalid scheme name {scheme!r} (lower-case, e.g. 'hf')")
-        if not isinstance(source, LoRASource):
-            raise LoraConfigError(
-                f"source for {scheme!r} has no async download(uri, dest) and exists(uri)"
-            )
+        source = CustomSource(scheme, source)
         self._sources.setdefault(scheme, []).append(source)
         allowed = self.config.allowed_schemes is None or scheme in self.config.allowed_schemes
         log.info("lora.source_registered", scheme=scheme, source=_name(source), allowed=allowed)
@@ -130,6 +147,18 @@ class LoRAManager:
             self._inflight[key] = task
             task.add_done_callback(functools.partial(self._forget, key))
         return await asyncio.shield(task)
+
+    async def download_lora(self, uri: str) -> DownloadResult:
+        """Dynamo's call: :meth:`download`, answering a dict instead of raising.
+
+        ``{"status": "success", "local_path": "/cache/s3_..."}`` or
+        ``{"status": "error", "message": "LoRA source ...: LoRA not found at ..."}``.
+        """
+        try:
+            path = await self.download(uri)
+        except LorafleetError as exc:
+            return {"status": "error", "message": exc.message}
+        return {"status": "success", "local_path": str(path)}
 
     async def acquire(self, uri: str) -> Path:
         """Download ``uri`` and mark its cache entry in use until :meth:`release`."""

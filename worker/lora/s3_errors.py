@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Final
 
 from worker.lora._redact import redact_uri
-from worker.lora.errors import LoraNotFoundError, LoraSourceError, LoraUnavailableError
+from worker.lora.errors import (
+    LoraInvalidUriError,
+    LoraNotFoundError,
+    LoraSourceError,
+    LoraUnavailableError,
+)
 
 __all__ = ["translate_s3_error"]
 
@@ -40,6 +45,12 @@ def translate_s3_error(exc: Exception, uri: str, *, endpoint: str) -> LoraSource
         return LoraUnavailableError(uri, "no usable AWS credentials found", hint=CREDENTIALS_HINT)
     if isinstance(exc, boto.ClientError):
         return _client_error(exc, uri)
+    if isinstance(exc, boto.ParamValidationError):  # refused before any request: the caller's
+        return LoraInvalidUriError(
+            uri,
+            "not a valid S3 bucket or key",
+            hint="bucket names are 3-63 lower-case letters, digits, '.' and '-'",
+        )
     if isinstance(exc, boto.EndpointConnectionError | boto.ConnectionError):
         return LoraUnavailableError(
             uri,

@@ -2,16 +2,18 @@
 
 Endpoint, region and credentials come from the standard AWS environment and
 config files (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_PROFILE``, ...), read
-by boto3 itself. Every blocking call runs in a worker thread. boto3 errors are
-translated here; their text (which may quote request details) never reaches
-logs or messages, only the S3 error code does.
+by boto3 itself, plus Dynamo's ``AWS_ENDPOINT`` and ``AWS_ALLOW_HTTP``. Every
+blocking call runs in a worker thread. boto3 errors are translated here; their
+text (which may quote request details) never reaches logs or messages, only
+the S3 error code does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -26,7 +28,14 @@ from worker.lora.errors import (
 )
 from worker.lora.s3_errors import translate_s3_error
 
-__all__ = ["S3ClientFactory", "S3Source", "default_s3_client", "parse_s3_uri"]
+__all__ = [
+    "InsecureEndpointError",
+    "S3ClientFactory",
+    "S3Source",
+    "default_s3_client",
+    "dynamo_endpoint",
+    "parse_s3_uri",
+]
 
 S3_MAX_OBJECTS: Final = 1000
 S3_CONNECT_TIMEOUT_S: Final = 10.0
@@ -36,6 +45,29 @@ ARCHIVE_FILE_NAME: Final = ".lorafleet-archive"
 
 S3ClientFactory: TypeAlias = Callable[[], Any]
 """Builds a boto3 S3 client; called once, lazily, in a worker thread."""
+
+
+class InsecureEndpointError(ValueError):
+    """``AWS_ENDPOINT`` is plain ``http://`` while ``AWS_ALLOW_HTTP`` is not true."""
+
+
+def dynamo_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
+    """Dynamo's ``AWS_ENDPOINT``, used when boto3's ``AWS_ENDPOINT_URL(_S3)`` is unset.
+
+    As in Dynamo (object_store), an ``http://`` endpoint needs ``AWS_ALLOW_HTTP=true``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"):
+        return None
+    endpoint = env.get("AWS_ENDPOINT", "").strip()
+    if not endpoint:
+        return None
+    allow_http = env.get("AWS_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes")
+    if endpoint.lower().startswith("http://") and not allow_http:
+        raise InsecureEndpointError(
+            f"AWS_ENDPOINT {endpoint} is plain http; set AWS_ALLOW_HTTP=true to allow it"
+        )
+    return endpoint
 
 
 def default_s3_client() -> Any:
@@ -48,7 +80,8 @@ def default_s3_client() -> Any:
         read_timeout=S3_READ_TIMEOUT_S,
         retries={"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
     )
-    return boto3.session.Session().client("s3", config=config)
+    endpoint = dynamo_endpoint()
+    return boto3.session.Session().client("s3", config=config, endpoint_url=endpoint)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -94,6 +127,10 @@ class S3Source:
                 except ImportError as exc:
                     raise LoraUnavailableError(
                         uri, "boto3 is not installed", hint="install lorafleet[s3]"
+                    ) from exc
+                except InsecureEndpointError as exc:
+                    raise LoraUnavailableError(
+                        uri, "AWS_ENDPOINT is plain http", hint=str(exc)
                     ) from exc
             return self._client
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from worker.lora.adapter_files import adapter_problem
+from proto.errors import InvalidRequestError
+from worker.lora.adapter_files import adapter_problem, check_adapter_rank
 
 
 def test_complete_adapter_passes(tmp_path: Path, make_adapter: Callable[..., Path]) -> None:
@@ -76,3 +77,28 @@ def test_config_must_parse_and_name_a_base_model_or_peft_type(
     problem = adapter_problem(make_adapter(tmp_path / "a", files))
 
     assert problem is not None and expected in problem
+
+
+def _config_dir(path: Path, **config: object) -> Path:
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_adapter_within_the_rank_limit_passes_the_engines_check(tmp_path: Path) -> None:
+    check_adapter_rank("pirate", _config_dir(tmp_path, r=8, rank_pattern={}), max_rank=8)
+
+
+def test_adapter_whose_rank_exceeds_the_limit_is_refused_naming_both(tmp_path: Path) -> None:
+    path = _config_dir(tmp_path, r=8, rank_pattern={"q_proj": 32})
+    with pytest.raises(InvalidRequestError, match=r"rank 32.*at most 16"):
+        check_adapter_rank("big", path, max_rank=16)
+
+
+def test_directory_without_adapter_config_fails_the_engines_check(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match=r"adapter_config\.json is missing"):
+        check_adapter_rank("ghost", tmp_path, max_rank=8)
+
+
+def test_an_adapter_of_another_peft_type_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="not a LoRA"):
+        check_adapter_rank("ia3", _config_dir(tmp_path, peft_type="IA3"), max_rank=8)

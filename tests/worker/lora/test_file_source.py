@@ -102,3 +102,40 @@ async def test_missing_path_outside_roots_does_not_reveal_whether_it_exists(
 async def test_file_uri_naming_a_host_or_query_is_invalid(tmp_path: Path, uri: str) -> None:
     with pytest.raises(LoraInvalidUriError):
         await _manager(tmp_path).download(uri)
+
+
+@pytest.mark.parametrize("link", ["adapter_model.safetensors", "adapter_config.json", "sub"])
+async def test_a_link_inside_the_adapter_leading_outside_the_roots_is_refused(
+    tmp_path: Path, make_adapter: Callable[..., Path], link: str
+) -> None:
+    adapter = make_adapter(tmp_path / "allowed" / "pirate")
+    secret = make_adapter(tmp_path / "private" / "keys")
+    target = secret if link == "sub" else secret / link
+    (adapter / link).unlink(missing_ok=True)
+    (adapter / link).symlink_to(target)
+    manager = _manager(tmp_path, roots=(tmp_path / "allowed",))
+
+    with pytest.raises(LoraInvalidAdapterError) as caught:
+        await manager.download(adapter.as_uri())
+
+    message = caught.value.message
+    assert f"{link} is a symbolic link that leads outside the allowed roots" in message
+    assert "private" not in message  # where it leads stays unsaid
+    assert caught.value.code == "invalid_request"
+
+
+async def test_links_that_stay_inside_the_roots_are_followed_and_checked(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    shared = make_adapter(tmp_path / "allowed" / "shared")
+    adapter = make_adapter(tmp_path / "allowed" / "pirate")
+    (adapter / "adapter_model.safetensors").unlink()
+    (adapter / "adapter_model.safetensors").symlink_to(shared / "adapter_model.safetensors")
+    (adapter / "loop").symlink_to(adapter)
+    (adapter / "nested").symlink_to(shared)
+    manager = _manager(tmp_path, roots=(tmp_path / "allowed",))
+    assert await manager.download(adapter.as_uri()) == adapter
+
+    (shared / "leak").symlink_to(tmp_path / "private")  # reached through ``nested``
+    with pytest.raises(LoraInvalidAdapterError, match="nested/leak is a symbolic link"):
+        await manager.download(adapter.as_uri())

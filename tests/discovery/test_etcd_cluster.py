@@ -1,0 +1,103 @@
+"""A three-member etcd cluster from the pip-installed binary: killing the leader loses nothing.
+
+Chats run through the frontend while the member everyone is connected to, the leader,
+is SIGKILLed: no record, no lease and (aim) no request may be lost. The long version
+(more kills, longer load) is in ``tests/chaos/test_etcd_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from discovery.client import EtcdClient, connect_etcd
+from discovery.errors import EtcdUnavailableError
+from discovery.lease import LeaseKeeper
+from discovery.settings import EtcdSettings, parse_endpoints
+from launch.etcd_cluster import start_etcd_cluster
+from launch.local_servers import free_port
+from launch.tls_files import make_tls_files
+from tests.etcd_scenarios import leader_kills_under_load
+from tests.faults import TcpProxy
+
+pytestmark = pytest.mark.slow
+
+MAX_FAILED_FRACTION = 0.001
+
+
+async def test_killing_the_etcd_leader_under_load_loses_no_record_lease_or_request(
+    tmp_path: Path, nats_url: str, namespace: str
+) -> None:
+    load = await leader_kills_under_load(tmp_path, nats_url, namespace, kills=1, load_s=4)
+    assert load.sent > 50  # the load really ran
+    assert load.failed <= MAX_FAILED_FRACTION * load.sent, load.errors[:5]
+
+
+async def test_a_dead_first_member_is_skipped_and_errors_name_every_endpoint(
+    etcd_url: str,
+) -> None:
+    dead = f"http://localhost:{free_port()}"  # a DNS name, resolved at connect
+    etcd = await connect_etcd(f"{dead},{etcd_url}")
+    assert await etcd.status()
+    await etcd.close()
+    also_dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(EtcdUnavailableError, match=f"etcd at {dead},{also_dead} is unavailable"):
+        await connect_etcd(f"{dead},{also_dead}")
+
+
+async def test_a_member_whose_name_moves_to_a_new_address_is_found_again(
+    etcd_url: str, namespace: str
+) -> None:
+    """DNS cannot change here: a stand-in resolver maps the names, and TCP proxies to the
+    shared etcd play the members' addresses. The lease must live on through the move."""
+    etcd_port = int(etcd_url.rsplit(":", 1)[1])
+    before, after = await TcpProxy(etcd_port).start(), await TcpProxy(etcd_port).start()
+    ports = {"etcd-a": before.port, "etcd-b": free_port()}  # etcd-b: nothing listens
+
+    def resolve(host: str, port: int) -> list[str]:
+        return [f"127.0.0.1:{ports[host]}"]
+
+    etcd = await connect_etcd("http://etcd-a:2379,http://etcd-b:2379", resolve=resolve)
+    keeper = await LeaseKeeper.grant(etcd, 2)
+    await keeper.put(f"{namespace}/a", b"1")
+    ports["etcd-a"] = after.port  # the member moved ...
+    await before.aclose()  # ... and its old address is gone
+    async with asyncio.timeout(10):
+        while (record := await _get_quietly(etcd, f"{namespace}/a")) is None:
+            await asyncio.sleep(0.05)
+    assert record.lease == keeper.lease_id
+    await keeper.aclose()
+    await etcd.close()
+    await after.aclose()
+
+
+async def _get_quietly(etcd: EtcdClient, key: str) -> Any:
+    try:
+        with etcd.errors("get", key):
+            return await etcd.get(key.encode())
+    except EtcdUnavailableError:
+        return None
+
+
+async def test_a_tls_client_fails_over_when_the_member_it_uses_dies(tmp_path: Path) -> None:
+    """Every member is checked against the first endpoint's name (one shared certificate)."""
+    tls = make_tls_files(tmp_path / "tls")
+    cluster = await asyncio.to_thread(start_etcd_cluster, tmp_path / "etcd", tls=tls)
+    settings = EtcdSettings(
+        endpoints=parse_endpoints(cluster.endpoints), ca_path=tls.ca_cert,
+        client_cert_path=tls.client_cert, client_key_path=tls.client_key,
+    )  # fmt: skip
+    try:
+        etcd = await connect_etcd(settings)
+        await etcd.put(b"v1/x", b"1")
+        cluster.members[0].stop(kill=True)  # pick_first uses the first member that answers
+        async with asyncio.timeout(10):
+            while (record := await _get_quietly(etcd, "v1/x")) is None:
+                await asyncio.sleep(0.05)
+        assert record.value == b"1"
+        await etcd.close()
+    finally:
+        cluster.stop()

@@ -1,0 +1,43 @@
+"""Request-plane codecs: update replies stay readable across versions, errors stay typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from proto.adapters import LoadLoraRequest, LoraSource
+from proto.errors import ErrorInfo, NotFoundError
+from proto.inference import UpdateReply, UpdateRequest, decode_instance_message, encode_msg
+
+
+class _OlderUpdateReply(msgspec.Struct, kw_only=True, frozen=True):
+    """``UpdateReply`` as workers sent it before it carried a typed error."""
+
+    status_code: int = 200
+    body: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def test_a_reply_from_an_older_worker_decodes_without_an_error() -> None:
+    older = _OlderUpdateReply(status_code=404, body={"status": "error", "code": "not_found"})
+    reply = msgspec.msgpack.decode(encode_msg(older), type=UpdateReply)
+    assert (reply.status_code, reply.error) == (404, None)
+
+
+def test_an_error_reply_round_trips_with_its_reason() -> None:
+    info = NotFoundError("LoRA source file:///a: missing; check the roots", reason="missing")
+    sent = UpdateReply(status_code=404, error=info.to_info())
+    reply = msgspec.msgpack.decode(encode_msg(sent), type=UpdateReply)
+    assert reply.error == ErrorInfo(
+        code="not_found",
+        message="LoRA source file:///a: missing; check the roots",
+        reason="missing",
+    )
+
+
+def test_an_update_request_carries_its_struct_as_the_wire_object() -> None:
+    load = LoadLoraRequest(lora_name="pirate", source=LoraSource(uri="file:///a/pirate"))
+    message = decode_instance_message(encode_msg(UpdateRequest.of("update/load_lora", load)))
+    assert isinstance(message, UpdateRequest)
+    assert message.body == {"lora_name": "pirate", "source": {"uri": "file:///a/pirate"}}
+    assert msgspec.convert(message.body, LoadLoraRequest) == load

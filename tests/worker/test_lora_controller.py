@@ -1,0 +1,215 @@
+"""The LoRA controller in-process: the one adapter ledger, on the mocker with real etcd and NATS.
+
+The controller owns slots, ids, collisions and eviction; the mocker only adds
+and removes. Every test checks what a user would see: the typed answer or
+error, the cards in etcd, and what the engine serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from discovery.client import EtcdClient
+from discovery.keys import card_prefix
+from discovery.lease import LeaseKeeper
+from proto.adapters import LoadLoraRequest, LoraSource, UnloadLoraRequest
+from proto.discovery import decode_card
+from proto.errors import (
+    CapacityError,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    UpstreamError,
+)
+from proto.inference import GenerateRequest, TokenChunk
+from proto.naming import lora_id
+from tests.worker.adapters import make_adapter_dir
+from worker.endpoint import Endpoint, EndpointAddress
+from worker.engine import EngineConfig
+from worker.engines.mocker import MockerEngine
+from worker.lora import LoRAManager, LoRAManagerConfig
+from worker.lora_controller import LoraController
+
+COLLIDING = ("a4058", "a39678")
+"""Two names with the same ``lora_id`` (found by a birthday search over ``a<i>``)."""
+
+
+class PeakMocker(MockerEngine):
+    """The mocker, remembering the most adapters it ever held at once."""
+
+    peak = 0
+
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        await super().add_adapter(name, lora_id, path)
+        self.peak = max(self.peak, len(self.adapters))
+
+
+@pytest.fixture
+async def lease(etcd: EtcdClient) -> AsyncIterator[LeaseKeeper]:
+    keeper = await LeaseKeeper.grant(etcd, 10)
+    yield keeper
+    await keeper.aclose(revoke=True)
+
+
+@pytest.fixture
+def uris(tmp_path: Path) -> dict[str, str]:
+    """file:// URIs of adapters by name."""
+    names = ["pirate", "robot", "chef", "broken1", *COLLIDING]
+    return {name: f"file://{make_adapter_dir(tmp_path / 'adapters', name)}" for name in names}
+
+
+@pytest.fixture
+def start_engine(
+    nc: nats.aio.client.Client, lease: LeaseKeeper, namespace: str, tmp_path: Path
+) -> Any:
+    """Start a mocker whose controller publishes into this test's namespace."""
+
+    async def start(max_loras: int = 2, **options: Any) -> PeakMocker:
+        config = EngineConfig(model="demo", enable_lora=True, max_loras=max_loras, options=options)
+        engine = PeakMocker(config)
+        engine.enable_adapters(LoRAManager(config=LoRAManagerConfig(cache_dir=tmp_path / "c")))
+        await engine.start()
+        address = EndpointAddress(
+            namespace=namespace, component="backend", endpoint="generate",
+            instance_id=lease.lease_id,
+        )  # fmt: skip
+        await engine.on_endpoint_ready(Endpoint(nc, lease, address))
+        return engine
+
+    return start
+
+
+def _load(name: str, uri: str) -> LoadLoraRequest:
+    return LoadLoraRequest(lora_name=name, source=LoraSource(uri=uri))
+
+
+def _controller(engine: MockerEngine) -> LoraController:
+    assert engine.lora is not None
+    return engine.lora
+
+
+async def _cards(etcd: EtcdClient, namespace: str) -> dict[str, int]:
+    listing = await etcd.get_prefix(card_prefix(namespace).encode())
+    cards = [decode_card(kv.value) for kv in listing]
+    return {card.lora.name: card.lora.lora_id for card in cards if card.lora}
+
+
+async def _served(engine: MockerEngine, model: str) -> str:
+    request = GenerateRequest(request_id="r", model=model, prompt="hi")
+    chunks = [chunk async for chunk in engine.generate(request)]
+    return "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
+
+
+async def test_load_answers_typed_and_publishes_then_unload_retracts(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine()
+    controller = _controller(engine)
+    loaded = await controller.load(_load("pirate", uris["pirate"]))
+    assert (loaded.status, loaded.lora_name, loaded.lora_id) == (
+        "success",
+        "pirate",
+        lora_id("pirate"),
+    )
+    assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+    assert (await _served(engine, "pirate")).startswith("pirate:0")
+    assert controller.list().loras == {"pirate": lora_id("pirate")}
+    unloaded = await controller.unload(UnloadLoraRequest(lora_name="pirate"))
+    assert unloaded.status == "success" and await _cards(etcd, namespace) == {}
+    with pytest.raises(NotFoundError, match="pirate"):
+        await _served(engine, "pirate")
+
+
+async def test_full_slots_evict_the_least_recently_used_idle_adapter(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine(max_loras=2)
+    controller = _controller(engine)
+    for name in ("pirate", "robot"):
+        await controller.load(_load(name, uris[name]))
+    with controller.track("pirate"):  # pirate served last: robot is the least recently used
+        pass
+    await controller.load(_load("chef", uris["chef"]))
+    expected = {"pirate": lora_id("pirate"), "chef": lora_id("chef")}
+    assert await _cards(etcd, namespace) == expected
+    assert engine.adapters == expected
+
+
+async def test_every_slot_pinned_or_busy_is_a_capacity_error_that_changes_nothing(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine(max_loras=2)
+    controller = _controller(engine)
+    for name in ("pirate", "robot"):
+        await controller.load(_load(name, uris[name]))
+    controller.pinned = {"pirate"}
+    with controller.track("robot"), pytest.raises(CapacityError, match="pinned or busy"):
+        await controller.load(_load("chef", uris["chef"]))
+    before = {"pirate": lora_id("pirate"), "robot": lora_id("robot")}
+    assert await _cards(etcd, namespace) == before and engine.adapters == before
+
+
+async def test_concurrent_loads_never_hold_more_adapters_than_slots(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine(max_loras=2, add_adapter_delay_s=0.05)  # the adds overlap
+    controller = _controller(engine)
+    names = ["pirate", "robot", "chef", COLLIDING[0]]
+    results = await asyncio.gather(
+        *(controller.load(_load(name, uris[name])) for name in names), return_exceptions=True
+    )
+    assert all(not isinstance(r, BaseException) or isinstance(r, CapacityError) for r in results)
+    assert engine.peak <= 2
+    assert await _cards(etcd, namespace) == controller.list().loras == engine.adapters
+
+
+async def test_a_failed_add_frees_its_slot_and_publishes_nothing(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine(max_loras=1, fail_add_adapter="broken.*")
+    controller = _controller(engine)
+    with pytest.raises(UpstreamError, match="broken1"):
+        await controller.load(_load("broken1", uris["broken1"]))
+    assert await _cards(etcd, namespace) == {}
+    await controller.load(_load("pirate", uris["pirate"]))
+    assert engine.adapters == {"pirate": lora_id("pirate")}
+
+
+async def test_a_name_whose_lora_id_is_taken_is_a_conflict_that_evicts_nothing(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    first, second = COLLIDING
+    assert lora_id(first) == lora_id(second)
+    engine = await start_engine(max_loras=1)  # the one slot is full: eviction would be possible
+    controller = _controller(engine)
+    await controller.load(_load(first, uris[first]))
+    with pytest.raises(ConflictError, match=rf"lora_id {lora_id(first)}.*{first!r}"):
+        await controller.load(_load(second, uris[second]))
+    assert await _cards(etcd, namespace) == {first: lora_id(first)}
+
+
+async def test_loading_again_is_idempotent_but_another_uri_conflicts(
+    start_engine: Any, uris: dict[str, str]
+) -> None:
+    controller = _controller(await start_engine())
+    await controller.load(_load("pirate", uris["pirate"]))
+    again = await controller.load(_load("pirate", uris["pirate"]))
+    assert again.message == "adapter 'pirate' is already loaded"
+    with pytest.raises(ConflictError, match="unload it"):
+        await controller.load(_load("pirate", uris["robot"]))
+
+
+async def test_bad_names_and_unknown_adapters_are_refused_by_the_controller(
+    start_engine: Any, uris: dict[str, str]
+) -> None:
+    controller = _controller(await start_engine())
+    with pytest.raises(InvalidRequestError, match="base model"):
+        await controller.load(_load("demo", uris["pirate"]))
+    with pytest.raises(NotFoundError, match="'ghost' is not loaded"):
+        await controller.unload(UnloadLoraRequest(lora_name="ghost"))
