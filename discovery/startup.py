@@ -1,6 +1,6 @@
 """Start-up that waits for etcd and NATS without flooding logs, and that a signal can stop.
 
-``connect_with_retry`` wraps one connect attempt (``connect_etcd``, ``connect_nats``)
+``connect_with_retry`` wraps one connect attempt (``connect_etcd``, ``NatsConnection.connect``)
 in a bounded retry loop; ``unless_stopped`` runs a start-up so that SIGTERM ends it at
 once. Both the worker and the frontend use them; keep connection details out of here.
 """

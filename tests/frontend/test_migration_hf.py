@@ -22,6 +22,8 @@ import openai
 import pytest
 
 from discovery.client import EtcdClient
+from discovery.nats_connection import NatsConnection
+from discovery.nats_settings import NatsSettings
 from frontend.request_plane import RequestPlane
 from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
 from proto.discovery import decode_instance
@@ -42,7 +44,8 @@ class DyingRelay(StandInWorker):
     real_subject = ""
 
     async def _generate(self, request: GenerateRequest, reply: str) -> None:
-        plane = await RequestPlane.start(self.nc)
+        conn = await NatsConnection.connect(NatsSettings(servers=(self.nats_url,)), name="relay")
+        plane = await RequestPlane.start(conn)
         relayed = msgspec.structs.replace(request, request_id=f"{request.request_id}-relayed")
         answer = await plane.open(self.real_subject, relayed)
         for _ in range(CHUNKS_BEFORE_DYING):
@@ -53,6 +56,7 @@ class DyingRelay(StandInWorker):
         answer.close()
         await self.sub.unsubscribe()  # dead: nobody answers its subject any more
         await plane.aclose()
+        await conn.aclose()
 
 
 @pytest.fixture
