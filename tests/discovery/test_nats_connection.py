@@ -12,7 +12,7 @@ from discovery.errors import NatsAuthError, NatsConnectError
 from discovery.nats_connection import NatsConnection, NatsState
 from discovery.nats_settings import NatsSettings
 from launch.local_servers import LocalServer, free_port, start_nats
-from tests.nats_tls import TlsFiles, make_tls
+from launch.tls_files import TlsFiles, make_tls_files
 
 WAIT_S = 20.0
 
@@ -105,13 +105,13 @@ async def test_a_connection_the_library_closes_for_good_calls_on_lost(tmp_path: 
 
 @pytest.fixture
 def tls(tmp_path: Path) -> TlsFiles:
-    return make_tls(tmp_path / "tls")
+    return make_tls_files(tmp_path / "tls")
 
 
 def _tls_server(tmp_path: Path, tls: TlsFiles, *, verify_clients: bool = False) -> LocalServer:
     args = ["--tls", "--tlscert", str(tls.server_cert), "--tlskey", str(tls.server_key)]
     if verify_clients:
-        args += ["--tlsverify", "--tlscacert", str(tls.ca)]
+        args += ["--tlsverify", "--tlscacert", str(tls.ca_cert)]
     return start_nats(tmp_path / "nats-tls", extra_args=args)
 
 
@@ -119,14 +119,14 @@ async def test_an_unknown_ca_is_permanent_and_names_the_tls_variable(
     tmp_path: Path, tls: TlsFiles
 ) -> None:
     server = _tls_server(tmp_path, tls)
-    other_ca = make_tls(tmp_path / "other").ca
+    other_ca = make_tls_files(tmp_path / "other").ca_cert
     try:
         with pytest.raises(NatsAuthError, match="NATS_TLS_CA_CERT_PATH") as caught:
             await NatsConnection.connect(
                 NatsSettings(servers=(server.url,), tls_ca_cert=other_ca), name="test"
             )
         assert caught.value.permanent
-        settings = NatsSettings(servers=(server.url,), tls_ca_cert=tls.ca)
+        settings = NatsSettings(servers=(server.url,), tls_ca_cert=tls.ca_cert)
         async with await NatsConnection.connect(settings, name="test") as conn:
             assert conn.is_connected
     finally:
@@ -138,10 +138,10 @@ async def test_mutual_tls_needs_the_client_certificate(tmp_path: Path, tls: TlsF
     try:
         with pytest.raises(NatsConnectError):
             await NatsConnection.connect(
-                NatsSettings(servers=(server.url,), tls_ca_cert=tls.ca), name="test"
+                NatsSettings(servers=(server.url,), tls_ca_cert=tls.ca_cert), name="test"
             )
         settings = NatsSettings(
-            servers=(server.url,), tls_ca_cert=tls.ca,
+            servers=(server.url,), tls_ca_cert=tls.ca_cert,
             tls_client_cert=tls.client_cert, tls_client_key=tls.client_key,
         )  # fmt: skip
         async with await NatsConnection.connect(settings, name="test") as conn:
