@@ -1,6 +1,10 @@
 """The etcd side: connection, lease, records bound to it, key layout and a watch cache."""
 
 from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
+from discovery.build_info import (
+    lorafleet_version,
+    python_version,
+)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
@@ -86,9 +90,11 @@ __all__ = [
     "instance_key",
     "instance_prefix",
     "lora_card_key",
+    "lorafleet_version",
     "nats_subject",
     "parse_card_key",
     "parse_endpoints",
+    "python_version",
     "unless_stopped",
     "with_header_timeout",
 ]

@@ -113,6 +113,7 @@ class LoraController:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
         self._busy: Counter[str] = Counter()
+        self._observe_slots()
 
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
@@ -147,7 +148,7 @@ class LoraController:
             started = time.perf_counter()
             with _counted("load", name):
                 message = await self._load_locked(name, uri)
-            metrics.ADAPTER_LOAD_SECONDS.labels(name).observe(time.perf_counter() - started)
+            metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
         self._observe_slots()
         return LoraResponse(
             status="success", message=message, lora_name=name, lora_id=lora_id(name)

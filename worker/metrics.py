@@ -8,12 +8,12 @@ cache. ``docs/metrics.md`` lists every series and where its name comes from.
 
 from __future__ import annotations
 
-import platform
 import time
-from importlib import metadata
 from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from discovery.build_info import lorafleet_version, python_version
 
 __all__ = [
     "ADAPTER_CACHE_BYTES",
@@ -36,7 +36,6 @@ __all__ = [
     "TIME_PER_OUTPUT_TOKEN_SECONDS",
     "TTFT_SECONDS",
     "observe_lora_state",
-    "version",
 ]
 
 REQUEST_LABELS: Final = ("model_name", "lora_name")
@@ -99,8 +98,8 @@ LORA_SLOTS = Gauge(
 ADAPTER_LOAD_SECONDS = Histogram(
     "lorafleet_worker_adapter_load_seconds",
     "Time to make an adapter servable: fetch (or cache hit) and engine load",
-    ["lora_name"], buckets=LATENCY_BUCKETS_S,
-)  # fmt: skip
+    buckets=LATENCY_BUCKETS_S,
+)
 ADAPTER_CACHE_LOOKUPS = Counter(
     "lorafleet_worker_adapter_cache_lookups", "Adapter cache lookups by result (hit, miss)",
     ["result"],
@@ -114,15 +113,9 @@ BUILD_INFO = Gauge(
 )  # fmt: skip
 
 
-def version() -> str:
-    """lorafleet's installed version, or ``"unknown"`` when run from a plain checkout."""
-    try:
-        return metadata.version("lorafleet")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-BUILD_INFO.labels(version(), platform.python_version(), "worker").set(1)
+BUILD_INFO.labels(lorafleet_version(), python_version(), "worker").set(1)
+for _result in ("hit", "miss"):
+    ADAPTER_CACHE_LOOKUPS.labels(_result)  # both series exist, at 0, before the first lookup
 
 
 def observe_lora_state(model_name: str, max_loras: int, running: list[str]) -> None:
