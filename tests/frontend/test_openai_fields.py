@@ -30,6 +30,8 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 GREEDY = {"model": DEMO_MODEL_NAME, "temperature": 0, "max_tokens": 12}
 MESSAGES = [{"role": "user", "content": EXPECTED_PROMPT}]
 DOCS_METRICS = Path(__file__).parents[2] / "docs" / "metrics.md"
+DASHBOARD = Path(__file__).parents[2] / "deploy/monitoring/grafana/dashboards/lorafleet.json"
+OUR_SERIES = re.compile(r"(?:vllm:|lorafleet_)[a-zA-Z0-9_:]+")
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +227,23 @@ def exported_names(text: str) -> set[str]:
             if name.endswith(suffix):
                 names.add(name.removesuffix(suffix))
     return names - {""}
+
+
+def dashboard_series() -> set[str]:
+    """Every series the checked-in Grafana dashboard queries (histograms by family name)."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    names = {name for expr in exprs for name in OUR_SERIES.findall(expr)}
+    return {name.removesuffix("_bucket") for name in names}
+
+
+def test_every_series_the_dashboard_queries_is_exported(
+    fleet: tuple[ServiceProcess, ServiceProcess], client: openai.OpenAI
+) -> None:
+    client.chat.completions.create(**GREEDY, messages=MESSAGES)
+    exposed = set().union(
+        *(exported_names(httpx.get(f"{process.url}/metrics").text) for process in fleet)
+    )
+    queried = dashboard_series()
+    assert len(queried) >= 10
+    assert queried <= exposed, f"the dashboard queries what nothing exports: {queried - exposed}"
