@@ -128,6 +128,23 @@ def test_chat_whole_and_streamed_agree_and_count_usage(cluster: Cluster) -> None
     assert chunks[-1].usage.prompt_tokens == 4
 
 
+def test_the_mocker_reports_certain_tokens_with_the_alternatives_asked_for(
+    cluster: Cluster,
+) -> None:
+    client = cluster.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    answer = client.chat.completions.create(
+        model="pirate", messages=messages, max_tokens=2, logprobs=True, top_logprobs=2
+    )
+    content = answer.choices[0].logprobs.content
+    assert [item.token for item in content] == ["pirate:0 ", "pirate:1 "]
+    assert all(item.logprob == 0.0 and len(item.top_logprobs) == 2 for item in content)
+    completion = client.completions.create(model="demo", prompt=PROMPT, max_tokens=2, logprobs=0)
+    assert completion.choices[0].logprobs.tokens == ["demo:0 ", "demo:1 "]
+    assert completion.choices[0].logprobs.token_logprobs == [0.0, 0.0]
+    assert completion.choices[0].logprobs.text_offset == [0, 7]
+
+
 def test_completions_whole_and_streamed_agree_and_count_usage(cluster: Cluster) -> None:
     client = cluster.client()
     whole = client.completions.create(model="pirate", prompt=PROMPT, max_tokens=4)
