@@ -126,7 +126,7 @@ class GenerationService:
             first_token_s = completion.first_token_at - started
             self.metrics.first_token_after(answer.model, shape.endpoint, first_token_s)
         self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
-        _count_tokens(completion.final)
+        _count_tokens(completion.final, current_record())
         return shape.whole(answer, completion.text, completion.final, completion.logprobs)
 
     async def _open_stream(
@@ -233,9 +233,8 @@ class GenerationService:
         self.metrics.answered(label, endpoint, status, time.perf_counter() - started)
 
 
-def _count_tokens(final: FinalChunk, record: RequestRecord | None = None) -> None:
+def _count_tokens(final: FinalChunk, record: RequestRecord) -> None:
     """Put the answer's token counts in the request's access-log record."""
-    record = record or current_record()
     record.prompt_tokens = final.usage.prompt_tokens
     record.completion_tokens = final.usage.completion_tokens
 

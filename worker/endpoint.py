@@ -10,6 +10,7 @@ It is the ``ModelEndpoint`` handed to the engine in ``on_endpoint_ready``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -173,13 +174,13 @@ class Endpoint:
             return
         task = asyncio.create_task(self._serve_generate(request, reply))
         self._inflight[request.request_id] = task
-        task.add_done_callback(self._forget)
+        task.add_done_callback(functools.partial(self._forget, request.request_id))
 
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        """Drop a finished task from ``_inflight``, unless a newer one took its request id."""
-        for request_id, inflight in list(self._inflight.items()):
-            if inflight is task:
-                del self._inflight[request_id]
+    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
+        """Drop a finished task from ``_inflight``, unless a newer one took its request id
+        (a client may reuse an ``x-request-id``)."""
+        if self._inflight.get(request_id) is task:
+            del self._inflight[request_id]
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
