@@ -73,8 +73,8 @@ class GenerationService:
         ``receive`` is the request's ASGI channel, watched for the client hanging up.
         """
         started = time.perf_counter()
+        current_record().model = body.model  # the name asked for, served or not
         served, request, answer = await self._prepare(body, shape, to_generate, started)
-        current_record().model = answer.model
         self.metrics.started(answer.model, shape.endpoint)
         if body.stream:
             return await self._open_stream(served, request, shape, answer, body, started)

@@ -171,6 +171,19 @@ def test_request_id_round_trips_and_tags_the_worker_and_access_lines(
     assert access["completion_tokens"] == answer.usage.completion_tokens
 
 
+def test_a_refused_request_has_its_access_line_with_the_status(
+    fleet: tuple[ServiceProcess, ServiceProcess], client: openai.OpenAI
+) -> None:
+    request_id = f"refused-{uuid.uuid4().hex}"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            **GREEDY, messages=MESSAGES, n=2, extra_headers={"x-request-id": request_id}
+        )
+    access = _logged(fleet[1], "access", request_id)
+    assert access["status"] == 400 and access["model"] == DEMO_MODEL_NAME
+    assert access["completion_tokens"] == 0
+
+
 def test_a_hostile_request_id_is_cleaned_and_bounded(
     fleet: tuple[ServiceProcess, ServiceProcess],
 ) -> None:
