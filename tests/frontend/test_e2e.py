@@ -100,6 +100,19 @@ def _worker_requests(worker: ServiceProcess, model: str, outcome: str = "ok") ->
     return float(found.group(1)) if found else 0.0
 
 
+def test_the_worker_with_the_adapter_reports_it_and_its_slots(cluster: Cluster) -> None:
+    holder, other = cluster.workers[:2]
+    text = httpx.get(f"{holder.url}/metrics").text
+    assert 'lorafleet_worker_loaded_adapters{model_name="demo"} 1.0' in text
+    assert 'lorafleet_worker_lora_slots{model_name="demo"} 4.0' in text
+    assert re.search(
+        r'vllm:lora_requests_info\{max_lora="4",[^}]*running_lora_adapters="pirate"', text
+    )
+    assert "lorafleet_worker_adapter_load_seconds_count 1.0" in text
+    idle = httpx.get(f"{other.url}/metrics").text
+    assert 'lorafleet_worker_loaded_adapters{model_name="demo"} 0.0' in idle
+
+
 def test_models_list_shows_each_base_model_and_adapter_once(cluster: Cluster) -> None:
     models = {model.id: model for model in cluster.client().models.list()}
     assert sorted(models) == ["demo", "pirate"]
