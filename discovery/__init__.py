@@ -1,6 +1,10 @@
 """The control-plane connections: etcd (lease, records, key layout, watch cache) and NATS."""
 
 from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
+from discovery.build_info import (
+    lorafleet_version,
+    python_version,
+)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
@@ -117,10 +121,12 @@ __all__ = [
     "instance_key",
     "instance_prefix",
     "lora_card_key",
+    "lorafleet_version",
     "nats_subject",
     "parse_card_key",
     "parse_endpoints",
     "parse_nats_servers",
+    "python_version",
     "unless_stopped",
     "with_header_timeout",
 ]

@@ -22,11 +22,13 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
 from discovery.client import connect_etcd
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
 from discovery.startup import connect_with_retry, unless_stopped
+from frontend.access_log import AccessLogMiddleware
 from frontend.config import FrontendConfig
 from frontend.controllers import (
     AdaptersController,
@@ -233,6 +235,7 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
             VllmLoraController,
         ],
         lifespan=[_lifespan],
+        middleware=[AccessLogMiddleware],
         request_class=BoundedJsonRequest,
         request_max_body_size=MAX_BODY_BYTES,
         dependencies={
@@ -253,6 +256,12 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
             version="1",
             description="OpenAI-compatible API over a fleet of LoRA-serving workers.",
             path="/",
+            # /docs is Swagger UI; its page loads the UI's assets from a CDN.
+            render_plugins=[
+                SwaggerRenderPlugin(path="/docs"),
+                JsonRenderPlugin(),
+                YamlRenderPlugin(),
+            ],
         ),
         logging_config=None,
     )

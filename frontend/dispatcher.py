@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
@@ -32,6 +32,7 @@ from proto.inference import (
     GenerateRequest,
     StreamChunk,
     TokenChunk,
+    TokenLogprob,
     decode_chunk,
 )
 
@@ -86,6 +87,8 @@ class Completion:
     instance: Instance
     first_token_at: float | None = None
     """``time.perf_counter()`` when the first token arrived, if any did."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per token when the request asked for log probabilities."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -197,6 +200,7 @@ class Dispatcher:
 
     async def _collect(self, attempt: Attempt) -> Completion:
         parts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         first_token_at: float | None = None
         while True:
             chunk = await self.next_chunk(attempt)
@@ -204,11 +208,12 @@ class Dispatcher:
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
                 parts.append(chunk.text)
+                logprobs += chunk.logprobs
             elif isinstance(chunk, FinalChunk):
-                text = "".join(parts)
                 return Completion(
-                    text=text, final=chunk, instance=attempt.instance, first_token_at=first_token_at
-                )
+                    text="".join(parts), final=chunk, instance=attempt.instance,
+                    first_token_at=first_token_at, logprobs=logprobs,
+                )  # fmt: skip
             else:
                 raise WorkerError(attempt.instance.instance_id, error_from_info(chunk.error))
 

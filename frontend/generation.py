@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,7 @@ import structlog
 from litestar.response import Stream
 from litestar.types import Receive
 
+from frontend.access_log import RequestRecord, current_record
 from frontend.dispatcher import Dispatcher
 from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError, openai_error
 from frontend.metrics import FrontendMetrics
@@ -73,6 +73,7 @@ class GenerationService:
         ``receive`` is the request's ASGI channel, watched for the client hanging up.
         """
         started = time.perf_counter()
+        current_record().model = body.model  # the name asked for, served or not
         served, request, answer = await self._prepare(body, shape, to_generate, started)
         self.metrics.started(answer.model, shape.endpoint)
         if body.stream:
@@ -88,14 +89,18 @@ class GenerationService:
         except LorafleetError as exc:
             self._count_failure("", shape.endpoint, exc, started)
             raise
-        answer = Answer(
-            id=shape.id_prefix + os.urandom(12).hex(), created=int(time.time()), model=served.name
-        )
+        # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
+        answer_id = shape.id_prefix + current_record().request_id
         try:
-            return served, to_generate(body, served, answer.id), answer
+            request = to_generate(body, served, answer_id)
         except LorafleetError as exc:
             self._count_failure(served.name, shape.endpoint, exc, started)
             raise
+        logprobs = request.sampling.logprobs is not None
+        answer = Answer(
+            id=answer_id, created=int(time.time()), model=served.name, logprobs=logprobs
+        )
+        return served, request, answer
 
     async def _whole(
         self,
@@ -121,7 +126,8 @@ class GenerationService:
             first_token_s = completion.first_token_at - started
             self.metrics.first_token_after(answer.model, shape.endpoint, first_token_s)
         self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
-        return shape.whole(answer, completion.text, completion.final)
+        _count_tokens(completion.final, current_record())
+        return shape.whole(answer, completion.text, completion.final, completion.logprobs)
 
     async def _open_stream(
         self,
@@ -146,7 +152,8 @@ class GenerationService:
             )
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         release = self._releaser(tokens, shape, answer, started)
-        frames = self._frames(tokens, shape, answer, include_usage, release)
+        count = functools.partial(_count_tokens, record=current_record())
+        frames = self._frames(tokens, shape, answer, include_usage, release, count)
         # A client gone before the first byte may leave the generator never started, so
         # its ``finally`` never runs: releasing on garbage collection covers that case.
         weakref.finalize(frames, release)
@@ -192,6 +199,7 @@ class GenerationService:
         answer: Answer,
         include_usage: bool,
         release: Callable[[], None],
+        count: Callable[[FinalChunk], None],
     ) -> AsyncIterator[bytes]:
         """The SSE events of one stream, written together when several are ready; released."""
         opening = shape.opening(answer)
@@ -199,8 +207,9 @@ class GenerationService:
         try:
             async for chunk in tokens:
                 if isinstance(chunk, TokenChunk):
-                    batch.append(shape.token(answer, chunk.text))
+                    batch.append(shape.token(answer, chunk))
                 elif isinstance(chunk, FinalChunk):
+                    count(chunk)
                     batch.append(shape.finishing(answer, chunk))
                     if include_usage:
                         batch.append(shape.usage(answer, chunk))
@@ -222,6 +231,12 @@ class GenerationService:
         status, _body = openai_error(exc)
         self.metrics.failed(label, endpoint, exc.code)
         self.metrics.answered(label, endpoint, status, time.perf_counter() - started)
+
+
+def _count_tokens(final: FinalChunk, record: RequestRecord) -> None:
+    """Put the answer's token counts in the request's access-log record."""
+    record.prompt_tokens = final.usage.prompt_tokens
+    record.completion_tokens = final.usage.completion_tokens
 
 
 async def _until_disconnected(receive: Receive) -> None:

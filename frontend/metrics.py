@@ -12,6 +12,8 @@ from typing import Any, Final, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from discovery.build_info import lorafleet_version, python_version
+
 __all__ = [
     "FrontendMetrics",
     "METRICS_CONTENT_TYPE",
@@ -65,6 +67,11 @@ class FrontendMetrics:
             "Time from a cold request to its adapter's card in this frontend's registry",
             buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self.build_info = Gauge(
+            "lorafleet_build_info", "Always 1; the labels say which lorafleet runs",
+            ["version", "python_version", "component"], registry=self.registry,
+        )  # fmt: skip
+        self.build_info.labels(lorafleet_version(), python_version(), "frontend").set(1)
         self._children: dict[tuple[object, ...], Any] = {}
 
     def started(self, model: str, endpoint: str) -> None:

@@ -13,15 +13,19 @@ from typing import Final
 import msgspec
 
 from frontend.translate import openai_finish_reason, usage_info
-from proto.inference import FinalChunk
+from proto.inference import FinalChunk, TokenChunk, TokenLogprob
 from proto.openai import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
     ChatResponseMessage,
+    ChatTokenLogprob,
+    ChatTopLogprob,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionResponse,
 )
 
@@ -33,6 +37,8 @@ __all__ = [
     "CompletionsShape",
     "SSE_DONE",
     "Shape",
+    "chat_logprobs",
+    "completion_logprobs",
     "sse",
 ]
 
@@ -49,11 +55,46 @@ def sse(body: msgspec.Struct) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What every frame of one answer shares: its id, creation time and model name."""
+    """What every frame of one answer shares: its id, creation time and model name.
+
+    ``logprobs``: whether the request asked for log probabilities (then every choice
+    carries them, possibly empty).
+    """
 
     id: str
     created: int
     model: str
+    logprobs: bool = False
+
+
+def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatLogprobs:
+    """OpenAI's chat ``logprobs``: per token its text, log probability, UTF-8 bytes, top."""
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=item.token, logprob=item.logprob, bytes=list(item.token.encode()),
+                top_logprobs=[
+                    ChatTopLogprob(token=t.token, logprob=t.logprob, bytes=list(t.token.encode()))
+                    for t in item.top
+                ],
+            )
+            for item in logprobs
+        ]
+    )  # fmt: skip
+
+
+def completion_logprobs(logprobs: list[TokenLogprob], text_start: int = 0) -> CompletionLogprobs:
+    """OpenAI's legacy completions ``logprobs``; offsets count from ``text_start``."""
+    offsets, offset = [], text_start
+    for item in logprobs:
+        offsets.append(offset)
+        offset += len(item.token)
+    return CompletionLogprobs(
+        tokens=[item.token for item in logprobs],
+        token_logprobs=[item.logprob for item in logprobs],
+        top_logprobs=[{t.token: t.logprob for t in item.top} for item in logprobs],
+        text_offset=offsets,
+    )
 
 
 class Shape:
@@ -62,11 +103,14 @@ class Shape:
     endpoint: str = "completions"
     id_prefix: str = "cmpl-"
 
-    def whole(self, answer: Answer, text: str, final: FinalChunk) -> msgspec.Struct:
+    def whole(
+        self, answer: Answer, text: str, final: FinalChunk, logprobs: list[TokenLogprob]
+    ) -> msgspec.Struct:
         """The non-streaming response."""
         choice = CompletionChoice(
-            text=text, finish_reason=openai_finish_reason(final.finish_reason)
-        )
+            text=text, finish_reason=openai_finish_reason(final.finish_reason),
+            logprobs=completion_logprobs(logprobs) if answer.logprobs else None,
+        )  # fmt: skip
         return CompletionResponse(
             id=answer.id, created=answer.created, model=answer.model, choices=[choice],
             usage=usage_info(final.usage),
@@ -76,9 +120,10 @@ class Shape:
         """Frames sent before the first token (none for completions)."""
         return b""
 
-    def token(self, answer: Answer, text: str) -> bytes:
-        """The frame carrying new text."""
-        return sse(self._chunk(answer, text, None))
+    def token(self, answer: Answer, chunk: TokenChunk) -> bytes:
+        """The frame carrying new text (and its log probabilities, if asked for)."""
+        logprobs = completion_logprobs(chunk.logprobs) if answer.logprobs else None
+        return sse(self._chunk(answer, chunk.text, None, logprobs))
 
     def finishing(self, answer: Answer, final: FinalChunk) -> bytes:
         """The frame that says why generation ended."""
@@ -93,11 +138,17 @@ class Shape:
             )
         )  # fmt: skip
 
-    def _chunk(self, answer: Answer, text: str, finish: str | None) -> msgspec.Struct:
+    def _chunk(
+        self,
+        answer: Answer,
+        text: str,
+        finish: str | None,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> msgspec.Struct:
+        choice = CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)
         return CompletionResponse(
-            id=answer.id, created=answer.created, model=answer.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
-        )  # fmt: skip
+            id=answer.id, created=answer.created, model=answer.model, choices=[choice]
+        )
 
 
 class CompletionsShape(Shape):
@@ -110,20 +161,24 @@ class ChatShape(Shape):
     endpoint = "chat"
     id_prefix = "chatcmpl-"
 
-    def whole(self, answer: Answer, text: str, final: FinalChunk) -> msgspec.Struct:
+    def whole(
+        self, answer: Answer, text: str, final: FinalChunk, logprobs: list[TokenLogprob]
+    ) -> msgspec.Struct:
         message = ChatResponseMessage(content=text)
         reason = openai_finish_reason(final.finish_reason)
+        scores = chat_logprobs(logprobs) if answer.logprobs else None
         return ChatCompletionResponse(
             id=answer.id, created=answer.created, model=answer.model,
-            choices=[ChatChoice(message=message, finish_reason=reason)],
+            choices=[ChatChoice(message=message, finish_reason=reason, logprobs=scores)],
             usage=usage_info(final.usage),
         )  # fmt: skip
 
     def opening(self, answer: Answer) -> bytes:
         return sse(self._delta(answer, _ROLE_DELTA, None))
 
-    def token(self, answer: Answer, text: str) -> bytes:
-        return sse(self._delta(answer, ChatDelta(content=text), None))
+    def token(self, answer: Answer, chunk: TokenChunk) -> bytes:
+        logprobs = chat_logprobs(chunk.logprobs) if answer.logprobs else None
+        return sse(self._delta(answer, ChatDelta(content=chunk.text), None, logprobs))
 
     def finishing(self, answer: Answer, final: FinalChunk) -> bytes:
         return sse(self._delta(answer, _EMPTY_DELTA, openai_finish_reason(final.finish_reason)))
@@ -136,11 +191,17 @@ class ChatShape(Shape):
             )
         )  # fmt: skip
 
-    def _delta(self, answer: Answer, delta: ChatDelta, finish: str | None) -> ChatCompletionChunk:
+    def _delta(
+        self,
+        answer: Answer,
+        delta: ChatDelta,
+        finish: str | None,
+        logprobs: ChatLogprobs | None = None,
+    ) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
         return ChatCompletionChunk(
-            id=answer.id, created=answer.created, model=answer.model,
-            choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
-        )  # fmt: skip
+            id=answer.id, created=answer.created, model=answer.model, choices=[choice]
+        )
 
 
 CHAT: Final = ChatShape()

@@ -2,7 +2,9 @@
 
 Checks here are the ones ``Meta`` constraints cannot express (``n``, content
 parts, ``stream_options`` without ``stream``, a ``max_tokens`` above the
-context); each raises ``BadFieldError`` naming the field.
+context, fields no engine of the model serves: ``tools``, ``tool_choice``,
+``response_format``); each raises ``BadFieldError`` naming the field (and the
+engine, for what an engine cannot do). Nothing a client sets is silently dropped.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
+
+import msgspec
 
 from frontend.errors import BadFieldError
 from frontend.registry import ServedModel
@@ -61,16 +65,21 @@ def chat_to_generate(
 ) -> GenerateRequest:
     """The generate request for a chat body; raises ``BadFieldError``."""
     _check_serves(served, "chat", "chat completions")
-    _check_common(body)
+    _check_common(body, served)
+    _check_tools(body, served)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise BadFieldError("top_logprobs", "needs logprobs set to true")
     messages = [_flatten(message, index) for index, message in enumerate(body.messages)]
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     context = served.card.context_length
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    sampling = _sampling(body, max_tokens or context or FALLBACK_MAX_TOKENS, context, param)
     return GenerateRequest(
         request_id=request_id,
         model=body.model,
         messages=messages,
-        sampling=_sampling(body, max_tokens or context or FALLBACK_MAX_TOKENS, context, param),
+        sampling=msgspec.structs.replace(sampling, logprobs=logprobs),
     )
 
 
@@ -79,7 +88,7 @@ def completion_to_generate(
 ) -> GenerateRequest:
     """The generate request for a completions body; raises ``BadFieldError``."""
     _check_serves(served, "completions", "completions")
-    _check_common(body)
+    _check_common(body, served)
     if body.echo:
         raise BadFieldError("echo", "echo=true is not supported")
     prompt = body.prompt
@@ -91,11 +100,12 @@ def completion_to_generate(
         prompt = prompt[0]
     max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     context = served.card.context_length
+    sampling = _sampling(body, max_tokens, context, "max_tokens")
     return GenerateRequest(
         request_id=request_id,
         model=body.model,
         prompt=prompt,
-        sampling=_sampling(body, max_tokens, context, "max_tokens"),
+        sampling=msgspec.structs.replace(sampling, logprobs=body.logprobs),
     )
 
 
@@ -104,9 +114,33 @@ def _check_serves(served: ServedModel, kind: str, what: str) -> None:
         raise BadFieldError("model", f"{served.name!r} does not serve {what}")
 
 
-def _check_common(body: ChatCompletionRequest | CompletionRequest) -> None:
+def _engines(served: ServedModel) -> str:
+    """The engines of ``served``'s instances, for messages: ``'hf'``, ``'hf', 'vllm'``."""
+    names = sorted({instance.engine or "unknown" for instance in served.instances})
+    return ", ".join(map(repr, names)) or "'unknown'"
+
+
+def _unsupported(param: str, what: str, served: ServedModel) -> BadFieldError:
+    return BadFieldError(
+        param, f"{what} is not supported by the engine of {served.name!r} ({_engines(served)})"
+    )
+
+
+def _check_tools(body: ChatCompletionRequest, served: ServedModel) -> None:
+    """Refuse tool calling: no engine here parses tool calls out of the output yet."""
+    if body.tools:
+        raise _unsupported("tools", "tool calling", served)
+    if body.tool_choice not in (None, "none", "auto"):
+        raise _unsupported("tool_choice", f"tool_choice {body.tool_choice!r}", served)
+
+
+def _check_common(body: ChatCompletionRequest | CompletionRequest, served: ServedModel) -> None:
     if body.n != 1:
-        raise BadFieldError("n", f"only n=1 is supported, got {body.n}")
+        raise _unsupported("n", f"n={body.n} (more than one choice)", served)
+    response_format = body.response_format
+    if response_format is not None and response_format.get("type") != "text":
+        kind = response_format.get("type")
+        raise _unsupported("response_format", f"response_format of type {kind!r}", served)
     if body.stream_options is not None and not body.stream:
         raise BadFieldError("stream_options", "is allowed only when stream is true")
     stop = body.stop
@@ -129,6 +163,9 @@ def _sampling(
         top_p=1.0 if body.top_p is None else body.top_p,
         stop=[stop] if isinstance(stop, str) else list(stop or ()),
         seed=body.seed,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
     )
 
 

@@ -25,6 +25,8 @@ __all__ = [
     "SamplingParams",
     "StreamChunk",
     "TokenChunk",
+    "TokenLogprob",
+    "TopLogprob",
     "UpdateReply",
     "UpdateRequest",
     "Usage",
@@ -55,6 +57,16 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     top_p: float = 1.0
     stop: list[str] = msgspec.field(default_factory=list)
     seed: int | None = None
+    logprobs: int | None = None
+    """None: no log probabilities; ``k``: each token's log probability and its ``k`` most
+    likely alternatives (0 gives the chosen token's alone)."""
+    presence_penalty: float = 0.0
+    """OpenAI's: subtracted once from the logit of every token already generated."""
+    frequency_penalty: float = 0.0
+    """OpenAI's: subtracted from a token's logit once per time it was generated."""
+    repetition_penalty: float = 1.0
+    """vLLM's (and transformers'): logits of prompt and generated tokens divided by it
+    (multiplied when negative); 1 leaves them alone."""
 
 
 class GenerateRequest(_Message, tag="generate"):
@@ -126,16 +138,33 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TopLogprob(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
+    """One candidate token: its text and log probability (an array on the wire: compact)."""
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
+    """The log probability of one generated token and of its most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
 class TokenChunk(_Message, tag="token"):
     """New text; ``tokens`` counts the tokens it holds, ``token_ids`` are their ids.
 
     The ids let a frontend continue the answer on another instance, token for token,
-    should this one vanish (empty from engines that do not report them).
+    should this one vanish (empty from engines that do not report them). ``logprobs``
+    has one entry per token when the request asked for them (``SamplingParams.logprobs``).
     """
 
     text: str
     tokens: int = 1
     token_ids: list[int] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
 
 
 class FinalChunk(_Message, tag="final"):

@@ -3,13 +3,14 @@
 Request Structs carry ``Meta`` constraints so that Litestar validates them and
 documents them in ``/openapi.json``: every field is bounded (``proto.limits``); text is
 bounded as a whole by what NATS carries to a worker (413 beyond). Fields OpenAI
-clients send that lorafleet does not use are accepted and ignored (msgspec skips
-unknown fields); never set ``forbid_unknown_fields`` here. Pure data, no I/O.
+clients send that lorafleet does not know are skipped (msgspec skips unknown fields;
+never set ``forbid_unknown_fields`` here); every field declared here is either served or
+refused with a 400 that names it (``frontend.translate``), never dropped. Pure data, no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -30,9 +31,13 @@ __all__ = [
     "ChatCompletionResponse",
     "ChatContentPart",
     "ChatDelta",
+    "ChatLogprobs",
     "ChatRequestMessage",
     "ChatResponseMessage",
+    "ChatTokenLogprob",
+    "ChatTopLogprob",
     "CompletionChoice",
+    "CompletionLogprobs",
     "CompletionRequest",
     "CompletionResponse",
     "FrontendHealth",
@@ -47,6 +52,9 @@ __all__ = [
 MAX_STOP_SEQUENCES: Final = 16
 MAX_STOP_CHARS: Final = 1024
 MAX_N: Final = 128
+MAX_TOP_LOGPROBS: Final = 20
+"""vLLM's default ``max_logprobs``; OpenAI allows 20 for chat, 5 for completions."""
+MAX_TOOLS: Final = 128
 
 MaxTokens = Annotated[
     int, msgspec.Meta(ge=1, le=MAX_TOKENS_LIMIT, description="1 to 2**31 - 1 tokens")
@@ -69,6 +77,14 @@ Stop = Annotated[
         "characters"
     ),
 ]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0, description="-2 to 2")]
+RepetitionPenalty = Annotated[
+    float, msgspec.Meta(gt=0.0, le=10.0, description="above 0, at most 10; 1 is none")
+]
+TopLogprobs = Annotated[
+    int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS, description=f"0 to {MAX_TOP_LOGPROBS}")
+]
+JsonObject = dict[str, Any]
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
@@ -91,6 +107,12 @@ class _Sampling(msgspec.Struct, kw_only=True, frozen=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: ShortText | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    response_format: JsonObject | None = None
+    """Refused with a 400 naming the engine unless ``{"type": "text"}`` (no engine here
+    constrains output yet)."""
 
 
 class ChatContentPart(msgspec.Struct, kw_only=True, frozen=True):
@@ -118,6 +140,12 @@ class ChatCompletionRequest(_Sampling, kw_only=True, frozen=True):
         list[ChatRequestMessage], msgspec.Meta(min_length=1, max_length=MAX_LIST_ITEMS)
     ]
     max_completion_tokens: MaxTokens | None = None
+    logprobs: bool = False
+    top_logprobs: TopLogprobs | None = None
+    tools: Annotated[list[JsonObject], msgspec.Meta(max_length=MAX_TOOLS)] | None = None
+    """Refused with a 400 naming the engine: no engine here parses tool calls yet."""
+    tool_choice: ShortText | JsonObject | None = None
+    """Accepted only as ``"none"`` (or with no ``tools``); otherwise refused like ``tools``."""
 
 
 class CompletionRequest(_Sampling, kw_only=True, frozen=True):
@@ -125,6 +153,7 @@ class CompletionRequest(_Sampling, kw_only=True, frozen=True):
 
     prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
     echo: bool = False
+    logprobs: TopLogprobs | None = None
 
 
 class UsageInfo(msgspec.Struct, kw_only=True, frozen=True):
@@ -133,6 +162,38 @@ class UsageInfo(msgspec.Struct, kw_only=True, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+
+
+class ChatTopLogprob(msgspec.Struct, kw_only=True, frozen=True):
+    """One likely token at a position of a chat answer, as OpenAI reports it."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(msgspec.Struct, kw_only=True, frozen=True):
+    """One token of a chat answer with its log probability and the likeliest alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[ChatTopLogprob] = msgspec.field(default_factory=list)
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True, frozen=True):
+    """``choices[].logprobs`` of a chat answer: one entry per generated token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True, frozen=True):
+    """``choices[].logprobs`` of a completions answer, in the legacy OpenAI layout."""
+
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int] = msgspec.field(default_factory=list)
 
 
 class ChatResponseMessage(msgspec.Struct, kw_only=True, frozen=True):
@@ -148,7 +209,7 @@ class ChatChoice(msgspec.Struct, kw_only=True, frozen=True):
     message: ChatResponseMessage
     finish_reason: str | None
     index: int = 0
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct, kw_only=True, frozen=True):
@@ -175,7 +236,7 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True, frozen=True):
     delta: ChatDelta
     finish_reason: str | None = None
     index: int = 0
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True, frozen=True):
@@ -195,7 +256,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True, frozen=True):
     text: str
     finish_reason: str | None = None
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(msgspec.Struct, kw_only=True, frozen=True):

@@ -10,6 +10,7 @@ It is the ``ModelEndpoint`` handed to the engine in ``on_endpoint_ready``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from proto.inference import (
 from worker import metrics
 from worker.engine import LLMEngine
 from worker.engine_registry import error_reply
+from worker.request_timing import RequestTiming
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
 
@@ -178,7 +180,13 @@ class Endpoint:
             return
         task = asyncio.create_task(self._serve_generate(request, reply))
         self._inflight[request.request_id] = task
-        task.add_done_callback(lambda _: self._inflight.pop(request.request_id, None))
+        task.add_done_callback(functools.partial(self._forget, request.request_id))
+
+    def _forget(self, request_id: str, task: asyncio.Task[None]) -> None:
+        """Drop a finished task from ``_inflight``, unless a newer one took its request id
+        (a client may reuse an ``x-request-id``)."""
+        if self._inflight.get(request_id) is task:
+            del self._inflight[request_id]
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -186,6 +194,8 @@ class Endpoint:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve_generate(self, request: GenerateRequest, reply: str) -> None:
+        # This task's own context: every log line about the request carries its id.
+        structlog.contextvars.bind_contextvars(request_id=request.request_id, model=request.model)
         started = time.perf_counter()
         outcome = "ok"
         metrics.INFLIGHT_REQUESTS.inc()
@@ -209,12 +219,21 @@ class Endpoint:
     async def _stream(self, request: GenerateRequest, reply: str) -> None:
         if self.engine is None:
             raise UnavailableError("worker is starting; retry on another instance")
+        timing = RequestTiming(self.engine.config.model_name, request.model)
         with self.engine.track_request(request.model):
             async for chunk in self.engine.generate(request):
                 await self._nc.publish(reply, encode_msg(chunk))
                 if isinstance(chunk, TokenChunk):
                     metrics.GENERATED_TOKENS.labels(request.model).inc(chunk.tokens)
+                    timing.token()
                 elif isinstance(chunk, FinalChunk):
+                    timing.finished(chunk)
+                    log.info(
+                        "request served", finish_reason=chunk.finish_reason,
+                        prompt_tokens=chunk.usage.prompt_tokens,
+                        completion_tokens=chunk.usage.completion_tokens,
+                        duration_s=round(timing.elapsed_s, 4),
+                    )  # fmt: skip
                     return
 
     async def _serve_update(self, request: UpdateRequest, msg: nats.aio.msg.Msg) -> None:

@@ -113,6 +113,7 @@ class LoraController:
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
         self._busy: Counter[str] = Counter()
+        self._observe_slots()
 
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
@@ -144,8 +145,11 @@ class LoraController:
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         uri = self._check_uri(name, request.source.uri)
         async with self._lock(name):
+            started = time.perf_counter()
             with _counted("load", name):
                 message = await self._load_locked(name, uri)
+            metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
+        self._observe_slots()
         return LoraResponse(
             status="success", message=message, lora_name=name, lora_id=lora_id(name)
         )
@@ -157,12 +161,18 @@ class LoraController:
             with _counted("unload", name):
                 adapter = self._loaded_or_error(name)
                 await self._unload_locked(name, adapter)
+        self._observe_slots()
         return LoraResponse(
             status="success",
             message=f"adapter {name!r} unloaded",
             lora_name=name,
             lora_id=adapter.lora_id,
         )
+
+    def _observe_slots(self) -> None:
+        """Publish the slots and loaded adapters as metrics (vLLM's ``lora_requests_info``)."""
+        model_name = self._base_card.display_name
+        metrics.observe_lora_state(model_name, self._max_loras, list(self.loaded))
 
     def list(self) -> LoraListResponse:
         """Every loaded adapter's name and ``lora_id``."""

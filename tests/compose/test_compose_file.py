@@ -4,13 +4,20 @@
 reference without a Docker engine; `make test-compose` runs the stack for real.
 """
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Final
 
 import pytest
-from compose_cli import COMPOSE_FILE, compose, resolved
+import yaml
+from compose_cli import COMPOSE_FILE, REPO, compose, resolved
 
-PROFILES: Final = ["gpu", "mocker"]
+PROFILES: Final = ["gpu", "mocker", "monitoring"]
+MONITORING: Final = REPO / "deploy" / "monitoring"
+PROMTOOL_IN_REPO: Final = REPO / ".lorafleet" / "tools" / "usr" / "bin" / "promtool"
+PORT_BY_COMMAND: Final = {"worker": 8081, "frontend": 8000}
+"""Where each lorafleet process serves /metrics inside its container."""
 DEFAULT_SERVICES: Final = {"adapters", "etcd", "frontend", "nats", "worker"}
 
 
@@ -89,3 +96,59 @@ def test_typo_in_profile_service_fails_in_its_profile(tmp_path: Path) -> None:
     result = compose("--profile", "mocker", "config", "-q", file=path)
     assert result.returncode != 0
     assert "ghost" in result.stderr
+
+
+def test_monitoring_profile_adds_prometheus_and_grafana_with_the_checked_in_config() -> None:
+    services = resolved("--profile", "monitoring")["services"]
+    mounts = {
+        name: {volume["source"] for volume in services[name]["volumes"]}
+        for name in ("prometheus", "grafana")
+    }
+    assert str(MONITORING / "prometheus.yml") in mounts["prometheus"]
+    assert str(MONITORING / "grafana" / "provisioning") in mounts["grafana"]
+    assert str(MONITORING / "grafana" / "dashboards") in mounts["grafana"]
+
+
+def promtool() -> str:
+    """promtool from PATH or where `make promtool` unpacks Debian's package."""
+    found = shutil.which("promtool") or (
+        str(PROMTOOL_IN_REPO) if PROMTOOL_IN_REPO.exists() else None
+    )
+    assert found, "promtool is missing: `make promtool` (run by `make test`) provides it"
+    return found
+
+
+def test_prometheus_config_passes_promtool() -> None:
+    result = subprocess.run(
+        [promtool(), "check", "config", str(MONITORING / "prometheus.yml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_refuses_a_broken_prometheus_config(tmp_path: Path) -> None:
+    broken = tmp_path / "prometheus.yml"
+    broken.write_text((MONITORING / "prometheus.yml").read_text().replace("port: 8000", "port: x"))
+    result = subprocess.run(
+        [promtool(), "check", "config", str(broken)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+
+
+def test_prometheus_scrapes_every_frontend_and_worker_service_on_its_metrics_port() -> None:
+    args = [arg for profile in PROFILES for arg in ("--profile", profile)]
+    services = resolved(*args)["services"]
+    wanted = {
+        name: PORT_BY_COMMAND[service["command"][-1]]
+        for name, service in services.items()
+        if (service.get("command") or [])[:2] == ["python", "-m"]
+        and service["command"][-1] in PORT_BY_COMMAND
+    }
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    scraped = {
+        name: sd["port"]
+        for job in config["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
+    }
+    assert wanted and scraped == wanted

@@ -100,6 +100,19 @@ def _worker_requests(worker: ServiceProcess, model: str, outcome: str = "ok") ->
     return float(found.group(1)) if found else 0.0
 
 
+def test_the_worker_with_the_adapter_reports_it_and_its_slots(cluster: Cluster) -> None:
+    holder, other = cluster.workers[:2]
+    text = httpx.get(f"{holder.url}/metrics").text
+    assert 'lorafleet_worker_loaded_adapters{model_name="demo"} 1.0' in text
+    assert 'lorafleet_worker_lora_slots{model_name="demo"} 4.0' in text
+    assert re.search(
+        r'vllm:lora_requests_info\{max_lora="4",[^}]*running_lora_adapters="pirate"', text
+    )
+    assert "lorafleet_worker_adapter_load_seconds_count 1.0" in text
+    idle = httpx.get(f"{other.url}/metrics").text
+    assert 'lorafleet_worker_loaded_adapters{model_name="demo"} 0.0' in idle
+
+
 def test_models_list_shows_each_base_model_and_adapter_once(cluster: Cluster) -> None:
     models = {model.id: model for model in cluster.client().models.list()}
     assert sorted(models) == ["demo", "pirate"]
@@ -126,6 +139,23 @@ def test_chat_whole_and_streamed_agree_and_count_usage(cluster: Cluster) -> None
     assert text == "pirate:0 pirate:1 pirate:2 "
     assert chunks[-1].usage.completion_tokens == 3
     assert chunks[-1].usage.prompt_tokens == 4
+
+
+def test_the_mocker_reports_certain_tokens_with_the_alternatives_asked_for(
+    cluster: Cluster,
+) -> None:
+    client = cluster.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    answer = client.chat.completions.create(
+        model="pirate", messages=messages, max_tokens=2, logprobs=True, top_logprobs=2
+    )
+    content = answer.choices[0].logprobs.content
+    assert [item.token for item in content] == ["pirate:0 ", "pirate:1 "]
+    assert all(item.logprob == 0.0 and len(item.top_logprobs) == 2 for item in content)
+    completion = client.completions.create(model="demo", prompt=PROMPT, max_tokens=2, logprobs=0)
+    assert completion.choices[0].logprobs.tokens == ["demo:0 ", "demo:1 "]
+    assert completion.choices[0].logprobs.token_logprobs == [0.0, 0.0]
+    assert completion.choices[0].logprobs.text_offset == [0, 7]
 
 
 def test_completions_whole_and_streamed_agree_and_count_usage(cluster: Cluster) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
 
@@ -94,3 +96,60 @@ def test_a_chat_only_model_refuses_completions() -> None:
     chat_only = ServedModel(name="demo", card=card, instances=SERVED.instances)
     with pytest.raises(BadFieldError, match="does not serve completions"):
         completion_to_generate(_completion(), chat_only, "r")
+
+
+def test_penalties_and_logprobs_are_forwarded() -> None:
+    chat = chat_to_generate(
+        _chat(presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.3, logprobs=True,
+              top_logprobs=4),
+        SERVED, "r",
+    ).sampling  # fmt: skip
+    assert (chat.presence_penalty, chat.frequency_penalty, chat.repetition_penalty) == (
+        0.5, -1.0, 1.3,
+    )  # fmt: skip
+    assert chat.logprobs == 4
+    assert chat_to_generate(_chat(logprobs=True), SERVED, "r").sampling.logprobs == 0
+    assert chat_to_generate(_chat(), SERVED, "r").sampling.logprobs is None
+    assert completion_to_generate(_completion(logprobs=2), SERVED, "r").sampling.logprobs == 2
+    defaults = completion_to_generate(_completion(), SERVED, "r").sampling
+    assert (defaults.presence_penalty, defaults.repetition_penalty) == (0.0, 1.0)
+
+
+HF_SERVED = dataclasses.replace(
+    SERVED,
+    instances=(
+        Instance(namespace="n", component="c", endpoint="e", instance_id=1, subject="s",
+                 engine="hf"),
+    ),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (_chat(tool_choice="required"), "tool_choice"),
+        (_chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
+        (_chat(response_format={"type": "json_schema"}), "response_format"),
+        (_chat(n=3), "n"),
+    ],
+)
+def test_what_no_engine_serves_is_refused_naming_the_field_and_engine(
+    body: ChatCompletionRequest, param: str
+) -> None:
+    with pytest.raises(BadFieldError) as refused:
+        chat_to_generate(body, HF_SERVED, "r")
+    assert refused.value.param == param
+    assert "'hf'" in refused.value.message
+
+
+def test_harmless_tool_and_format_settings_are_accepted() -> None:
+    for body in (_chat(tools=[]), _chat(tool_choice="none"), _chat(tool_choice="auto"),
+                 _chat(response_format={"type": "text"})):  # fmt: skip
+        assert chat_to_generate(body, HF_SERVED, "r").sampling.max_tokens == 512
+
+
+def test_top_logprobs_needs_logprobs() -> None:
+    with pytest.raises(BadFieldError) as refused:
+        chat_to_generate(_chat(top_logprobs=2), SERVED, "r")
+    assert refused.value.param == "top_logprobs"

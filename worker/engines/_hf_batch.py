@@ -21,12 +21,22 @@ from transformers import DynamicCache
 
 from proto.inference import SamplingParams
 
-__all__ = ["BASE_ADAPTER", "DecodeBatch", "Row", "RowState", "sample_token"]
+__all__ = [
+    "BASE_ADAPTER",
+    "DecodeBatch",
+    "Row",
+    "RowState",
+    "TokenScores",
+    "penalise",
+    "sample_token",
+]
 
 BASE_ADAPTER: Final = "__base__"
 """The name peft's mixed-batch inference gives rows that use no adapter."""
 
 ModelFn = Callable[..., Any]
+TokenScores = tuple[float, list[tuple[int, float]]]
+"""A generated token's log probability and its likeliest alternatives as (id, log probability)."""
 
 
 class RowState(enum.Enum):
@@ -47,6 +57,37 @@ class Row:
     generator: torch.Generator | None = None
     state: RowState = RowState.WAITING
     output_ids: list[int] = field(default_factory=list)
+    scores: list[TokenScores] = field(default_factory=list)
+    """One entry per output token when ``params.logprobs`` is set, else empty."""
+
+
+def penalise(logits: torch.Tensor, params: SamplingParams, row: Row) -> torch.Tensor:
+    """``logits`` with the repetition (prompt and output), presence and frequency penalties.
+
+    As vLLM applies them: repetition divides positive logits of seen tokens (multiplies
+    negative ones); presence subtracts once per generated token, frequency once per time.
+    """
+    repetition, presence, frequency = (
+        params.repetition_penalty, params.presence_penalty, params.frequency_penalty
+    )  # fmt: skip
+    if repetition == 1.0 and not (row.output_ids and (presence or frequency)):
+        return logits
+    logits = logits.clone()
+    if repetition != 1.0:
+        seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / repetition, values * repetition)
+    if row.output_ids and (presence or frequency):
+        ids, counts = torch.tensor(row.output_ids, dtype=torch.long).unique(return_counts=True)
+        logits[ids] -= frequency * counts.to(logits.dtype) + presence
+    return logits
+
+
+def _scores(logits: torch.Tensor, token: int, top: int) -> TokenScores:
+    """The log probability of ``token`` and the ``top`` likeliest tokens, from raw logits."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logprobs.topk(top) if top else (logprobs[:0], logprobs[:0])
+    return float(logprobs[token]), [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
@@ -144,7 +185,12 @@ class DecodeBatch:
 
     def _sample(self, logits: torch.Tensor, rows: list[Row], into: int) -> list[int]:
         last = logits[:, -1].float().cpu()
-        tokens = [sample_token(last[i], row.params, row.generator) for i, row in enumerate(rows)]
+        tokens = []
+        for row, row_logits in zip(rows, last, strict=True):
+            token = sample_token(penalise(row_logits, row.params, row), row.params, row.generator)
+            if row.params.logprobs is not None:
+                row.scores.append(_scores(row_logits, token, row.params.logprobs))
+            tokens.append(token)
         self._last[into : into + len(rows)] = torch.tensor(tokens, device=self._device)
         return tokens
 

@@ -7,6 +7,7 @@ closing ``FinalChunk`` (or an error) that the caller's stream reads.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,8 @@ from proto.inference import (
     GenerateRequest,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from worker.engines._hf_batch import Row, RowState
@@ -53,6 +56,8 @@ def check_sampling(request_id: str, params: SamplingParams) -> None:
         raise InvalidRequestError(f"request {request_id}: temperature must not be negative")
     if not 0 < params.top_p <= 1:
         raise InvalidRequestError(f"request {request_id}: top_p must be in (0, 1]")
+    if params.repetition_penalty <= 0:
+        raise InvalidRequestError(f"request {request_id}: repetition_penalty must be above 0")
 
 
 @dataclass(eq=False, kw_only=True)
@@ -66,8 +71,11 @@ class InFlight:
     max_new_tokens: int
     prompt_tokens: int
     """The request's own prompt, without the tokens a continuation resumes after."""
+    tokenizer: Any = None
+    """Names tokens in log probabilities (only needed when the request asks for them)."""
     outbox: asyncio.Queue[Outcome] = field(default_factory=asyncio.Queue)
     unsent_tokens: int = 0
+    queued_at: float = field(default_factory=time.perf_counter)
 
     @property
     def done(self) -> bool:
@@ -103,8 +111,27 @@ class InFlight:
 
     def _send(self, text: str) -> None:
         ids = self.row.output_ids[len(self.row.output_ids) - self.unsent_tokens :]
-        self.outbox.put_nowait(TokenChunk(text=text, tokens=self.unsent_tokens, token_ids=ids))
+        logprobs = self._logprobs(ids)
+        chunk = TokenChunk(text=text, tokens=self.unsent_tokens, token_ids=ids, logprobs=logprobs)
+        self.outbox.put_nowait(chunk)
         self.unsent_tokens = 0
+
+    def _logprobs(self, ids: list[int]) -> list[TokenLogprob]:
+        """The log probabilities of ``ids``, the newest output tokens, if the row scored them."""
+        if self.row.params.logprobs is None:
+            return []
+        scores = self.row.scores[len(self.row.scores) - len(ids) :]
+        return [
+            TokenLogprob(
+                token=self._token(token_id),
+                logprob=logprob,
+                top=[TopLogprob(token=self._token(i), logprob=value) for i, value in top],
+            )
+            for token_id, (logprob, top) in zip(ids, scores, strict=True)
+        ]
+
+    def _token(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
 
     def _finish(self, reason: FinishReason, text: str) -> None:
         if text:

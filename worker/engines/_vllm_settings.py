@@ -7,12 +7,12 @@ Edit together with ``worker.engines.vllm``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from proto.errors import InvalidRequestError
-from proto.inference import FinishReason, SamplingParams
+from proto.inference import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from worker.engine import EngineConfig
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "isolation_mode",
     "model_max_len",
     "sampling_kwargs",
+    "token_logprobs",
     "vllm_lora_rank",
 ]
 
@@ -109,7 +110,32 @@ def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
         "top_p": sampling.top_p,
         "stop": list(sampling.stop),
         "seed": sampling.seed,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
+        "repetition_penalty": sampling.repetition_penalty,
+        "logprobs": sampling.logprobs,
     }
+
+
+def token_logprobs(
+    token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None, top: int
+) -> list[TokenLogprob]:
+    """The wire's log probabilities from vLLM's (one ``{token_id: Logprob}`` per token).
+
+    Each map holds the sampled token and the ``top`` likeliest, which carry ranks 1..top.
+    """
+    if not logprobs:
+        return []
+    out = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=True):
+        chosen = candidates[token_id]
+        ranked = sorted(
+            (c for c in candidates.values() if c.rank is not None and 1 <= c.rank <= top),
+            key=lambda c: c.rank,
+        )
+        top = [TopLogprob(token=c.decoded_token or "", logprob=c.logprob) for c in ranked]
+        out.append(TokenLogprob(token=chosen.decoded_token or "", logprob=chosen.logprob, top=top))
+    return out
 
 
 def finish_reason(reason: str | None) -> FinishReason:

@@ -29,6 +29,7 @@ from proto.errors import (
     UpstreamError,
 )
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from worker import metrics
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig
 from worker.engines._hf_adapters import Adapter
@@ -161,6 +162,7 @@ class HFEngine(AdapterEngine):
             text=TextStream(self._host.tokenizer, sampling.stop, request.generated_ids),
             max_new_tokens=budget,
             prompt_tokens=len(prompt),
+            tokenizer=self._host.tokenizer,
         )
         if request.generated_ids and budget <= 0:
             pending.end_exhausted()
@@ -200,6 +202,7 @@ class HFEngine(AdapterEngine):
             if not (request := self._waiting.popleft()).done:
                 request.row.state = RowState.RUNNING
                 admit.append(request)
+                self._observe_queue_time(request)
         self._running += admit  # the batch's row order: kept rows, then admitted ones
         rows = [r.row for r in admit]
         tokens = await self._on_model_thread(lambda: batch.step(host.model, rows, dropped))
@@ -207,6 +210,12 @@ class HFEngine(AdapterEngine):
         self._tokens_total += len(tokens)
         for request, token in zip(self._running, tokens, strict=True):
             request.deliver(token, host.eos_ids)
+
+    def _observe_queue_time(self, request: InFlight) -> None:
+        base = self.config.model_name
+        adapter = "" if request.model == base else request.model
+        waited_s = time.perf_counter() - request.queued_at
+        metrics.QUEUE_SECONDS.labels(base, adapter).observe(waited_s)
 
     def _fail_all(self, error: LorafleetError) -> None:
         """End every waiting and running request with ``error``."""

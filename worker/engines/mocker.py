@@ -13,14 +13,25 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from proto.errors import UpstreamError
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
+from proto.inference import (
+    FinalChunk,
+    GenerateRequest,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from worker import metrics
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig, ModelEndpoint
 
 __all__ = ["MockerEngine", "MockerOptions"]
+
+UNLIKELY_LOGPROB: Final = -9999.0
+"""OpenAI's stand-in for an impossible token's log probability (JSON has no -inf)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,14 +82,20 @@ class MockerEngine(AdapterEngine):
         """Stream up to ``max_tokens`` synthetic tokens for the base model or a loaded adapter.
 
         Token ``i`` has id ``i``, so a continuation (``generated_ids``) resumes at the
-        index after them, as a real engine resumes after its given tokens.
+        index after them, as a real engine resumes after its given tokens. Every token is
+        certain (log probability 0); penalties change nothing in synthetic text.
         """
         self.resolve(request.model, self.adapters)
+        adapter = "" if request.model == self.config.model_name else request.model
+        metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(0.0)  # no queue
         start = len(request.generated_ids)
         budget = max(0, min(request.sampling.max_tokens, self.options.output_tokens - start))
         for index in range(start, start + budget):
             await asyncio.sleep(self.options.time_per_token_s)
-            yield TokenChunk(text=f"{request.model}:{index} ", token_ids=[index])
+            text = f"{request.model}:{index} "
+            yield TokenChunk(
+                text=text, token_ids=[index], logprobs=_logprobs(text, request.sampling.logprobs)
+            )
         finish = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
@@ -99,6 +116,15 @@ class MockerEngine(AdapterEngine):
         ):
             raise UpstreamError(f"mocker: removing adapter {name!r} failed as configured")
         del self.adapters[name]
+
+
+def _logprobs(text: str, top: int | None) -> list[TokenLogprob]:
+    """The mocker's certain token, and as many alternatives as asked, all but it impossible."""
+    if top is None:
+        return []
+    others = [TopLogprob(token=f"<alt{rank}>", logprob=UNLIKELY_LOGPROB) for rank in range(1, top)]
+    alternatives = [TopLogprob(token=text, logprob=0.0), *others][:top]
+    return [TokenLogprob(token=text, logprob=0.0, top=alternatives)]
 
 
 def _prompt_words(request: GenerateRequest) -> int:

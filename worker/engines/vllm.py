@@ -32,7 +32,7 @@ import structlog
 
 from proto.discovery import ModelDeploymentCard
 from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, UpstreamError
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk, Usage
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk, TokenLogprob, Usage
 from worker.adapter_engine import AdapterEngine
 from worker.engine import EngineConfig
 from worker.engines._adapter_table import AdapterTable
@@ -42,6 +42,7 @@ from worker.engines._vllm_settings import (
     finish_reason,
     isolation_mode,
     sampling_kwargs,
+    token_logprobs,
 )
 from worker.lora.adapter_files import check_adapter_rank
 
@@ -233,7 +234,8 @@ class VLLMEngine(AdapterEngine):
             # last tokens as context, so the first new token decodes as it would have.
             tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}
             stream = self._llm.generate(tokens, params, request_id, lora_request=lora)
-            async for chunk in self._chunks(stream, request_id, len(prompt_ids)):
+            top = request.sampling.logprobs or 0
+            async for chunk in self._chunks(stream, request_id, top, len(prompt_ids)):
                 if isinstance(chunk, FinalChunk):
                     final = chunk  # yielded after leaving the gate: vLLM is done with it
                 else:
@@ -247,19 +249,24 @@ class VLLMEngine(AdapterEngine):
         return min(request.sampling.max_tokens, room) <= 0
 
     async def _chunks(
-        self, stream: Any, request_id: str, prompt_tokens: int
+        self, stream: Any, request_id: str, top_logprobs: int, prompt_tokens: int
     ) -> AsyncIterator[TokenChunk | FinalChunk]:
         """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
         completion_tokens, reason = 0, None
         held_ids: list[int] = []  # ids whose text vLLM has not released yet
+        held_logprobs: list[TokenLogprob] = []
         try:
             async for output in stream:
                 delta = output.outputs[0]
                 completion_tokens += len(delta.token_ids)
                 held_ids += list(delta.token_ids)
+                held_logprobs += token_logprobs(delta.token_ids, delta.logprobs, top_logprobs)
                 if delta.text:
-                    yield TokenChunk(text=delta.text, tokens=len(held_ids), token_ids=held_ids)
-                    held_ids = []
+                    yield TokenChunk(
+                        text=delta.text, tokens=len(held_ids), token_ids=held_ids,
+                        logprobs=held_logprobs,
+                    )  # fmt: skip
+                    held_ids, held_logprobs = [], []
                 if output.finished:
                     reason = delta.finish_reason or "stop"
         except LorafleetError:

@@ -19,6 +19,7 @@ from typing import Any, Final
 import structlog
 
 from proto.errors import LorafleetError
+from worker import metrics
 from worker.lora._failures import combine_failures
 from worker.lora._redact import redact_uri
 from worker.lora.adapter_files import adapter_problem
@@ -229,7 +230,9 @@ class LoRAManager:
             raise self._disk_error(uri, exc) from exc
         if hit is not None:
             log.debug("lora.cache_hit", uri=redact_uri(uri), key=key)
+            metrics.ADAPTER_CACHE_LOOKUPS.labels("hit").inc()
             return hit
+        metrics.ADAPTER_CACHE_LOOKUPS.labels("miss").inc()
         sources = self._sources_for(uri)
         ordered: list[LoRASource] = [s for s in sources if isinstance(s, InPlaceSource)]
         ordered += [s for s in sources if not isinstance(s, InPlaceSource)]
@@ -276,6 +279,7 @@ class LoRAManager:
             if not built.is_relative_to(dest):
                 return built
             entry = await asyncio.to_thread(self._cache.commit, key, built)
+            metrics.ADAPTER_CACHE_BYTES.inc(await asyncio.to_thread(_size_bytes, entry))
             keep = {key, *self._users, *self._inflight}
             await asyncio.to_thread(self._cache.evict, keep=keep)
         finally:
@@ -319,3 +323,8 @@ class LoRAManager:
 
 def _name(source: LoRASource) -> str:
     return str(getattr(source, "name", type(source).__name__))
+
+
+def _size_bytes(directory: Path) -> int:
+    """Bytes of the files under ``directory`` (an adapter just fetched into the cache)."""
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from proto.errors import InvalidRequestError
-from proto.inference import SamplingParams
+from proto.inference import SamplingParams, TokenLogprob, TopLogprob
 from worker.engine import EngineConfig
 from worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
     isolation_mode,
     sampling_kwargs,
+    token_logprobs,
     vllm_lora_rank,
 )
 
@@ -70,10 +72,39 @@ def test_isolation_option_rejects_anything_else() -> None:
 
 
 def test_sampling_settings_are_forwarded() -> None:
-    sampling = SamplingParams(max_tokens=7, temperature=0.0, top_p=0.9, stop=["!"], seed=3)
+    sampling = SamplingParams(
+        max_tokens=7, temperature=0.0, top_p=0.9, stop=["!"], seed=3, logprobs=2,
+        presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+    )  # fmt: skip
     assert sampling_kwargs(sampling) == {
         "max_tokens": 7, "temperature": 0.0, "top_p": 0.9, "stop": ["!"], "seed": 3,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
+        "logprobs": 2,
     }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Logprob:
+    """vLLM's ``Logprob`` as its outputs carry it (vLLM is not installed in this venv)."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+def test_vllm_logprobs_become_the_wire_shape_with_top_by_rank() -> None:
+    # Token 7 was sampled at rank 3, outside the top 2: it is reported, not listed in top.
+    candidates = {
+        7: _Logprob(-2.0, 3, " c"),
+        5: _Logprob(-0.5, 1, " a"),
+        6: _Logprob(-1.0, 2, " b"),
+    }
+    (scored,) = token_logprobs([7], [candidates], top=2)
+    assert scored == TokenLogprob(
+        token=" c", logprob=-2.0,
+        top=[TopLogprob(token=" a", logprob=-0.5), TopLogprob(token=" b", logprob=-1.0)],
+    )  # fmt: skip
+    assert token_logprobs([7], None, top=2) == []
 
 
 def test_zero_max_tokens_is_an_invalid_request() -> None:

@@ -1,0 +1,112 @@
+"""Request ids and the access log: one ASGI middleware around every HTTP request.
+
+It takes the client's ``x-request-id`` (bounded and sanitised) or makes one, binds it
+to structlog's context so every log line about the request carries it, echoes it on
+the response, and writes one ``access`` line at info level when the request ends.
+Handlers add what only they know (model, token counts) to :func:`current_record`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = [
+    "AccessLogMiddleware",
+    "MAX_REQUEST_ID_CHARS",
+    "REQUEST_ID_HEADER",
+    "RequestRecord",
+    "current_record",
+    "new_request_id",
+    "request_id_from",
+]
+
+log = structlog.get_logger("frontend.access")
+
+REQUEST_ID_HEADER: Final = "x-request-id"
+MAX_REQUEST_ID_CHARS: Final = 128
+"""Longest request id kept from a client; longer ones are cut (ids end up in logs and
+on NATS, so they stay short)."""
+_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:@/+=-]")
+
+
+@dataclass
+class RequestRecord:
+    """What the access line reports beyond the HTTP layer; handlers fill it in."""
+
+    request_id: str
+    model: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+_record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "lorafleet_request_record", default=None
+)
+
+
+def current_record() -> RequestRecord:
+    """The record of the request being served (a throwaway one outside any request)."""
+    return _record.get() or RequestRecord(request_id=new_request_id())
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 hex digits."""
+    return uuid.uuid4().hex
+
+
+def request_id_from(value: str | None) -> str:
+    """The client's id with unsafe characters dropped and cut to length, or a new one."""
+    cleaned = _UNSAFE.sub("", value or "")[:MAX_REQUEST_ID_CHARS]
+    return cleaned or new_request_id()
+
+
+class AccessLogMiddleware:
+    """Give every HTTP request an id, log lines with it, and one access line at its end."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode())
+        record = RequestRecord(
+            request_id=request_id_from(header.decode("latin-1") if header else None)
+        )
+        status = 500
+        echoed = (REQUEST_ID_HEADER.encode(), record.request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), echoed]
+            await send(message)
+
+        token = _record.set(record)
+        started = time.perf_counter()
+        try:
+            with structlog.contextvars.bound_contextvars(request_id=record.request_id):
+                try:
+                    await self.app(scope, receive, send_with_id)
+                finally:
+                    _log_access(scope, record, status, time.perf_counter() - started)
+        finally:
+            _record.reset(token)
+
+
+def _log_access(scope: Scope, record: RequestRecord, status: int, duration_s: float) -> None:
+    log.info(
+        "access", method=scope["method"], route=scope["path"], model=record.model,
+        status=status, duration_s=round(duration_s, 4), prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+    )  # fmt: skip
