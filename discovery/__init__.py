@@ -19,6 +19,7 @@ from discovery.header_timeout import (
 )
 from discovery.keys import (
     ADAPTERS_ROOT,
+    DEFAULT_NAMESPACE,
     INSTANCES_ROOT,
     KEYS_ROOT,
     MDC_ROOT,
@@ -41,6 +42,7 @@ from discovery.logs import (
 )
 from discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
+    DEFAULT_NATS_SERVER,
     EtcdSettings,
     parse_endpoints,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_NATS_SERVER",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",
     "EtcdRefusedError",

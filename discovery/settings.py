@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_ETCD_ENDPOINTS", "EtcdSettings", "parse_endpoints"]
+__all__ = ["DEFAULT_ETCD_ENDPOINTS", "DEFAULT_NATS_SERVER", "EtcdSettings", "parse_endpoints"]
 
 DEFAULT_ETCD_ENDPOINTS: Final = "http://127.0.0.1:2379"
+DEFAULT_NATS_SERVER: Final = "nats://127.0.0.1:4222"
+"""``NATS_SERVER`` when unset: the local NATS of ``lorafleet up``."""
 _DEFAULT_PORT: Final = 2379
 _SCHEMES: Final = ("http", "https")
 
