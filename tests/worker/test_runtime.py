@@ -21,6 +21,7 @@ from proto.inference import (
     ErrorChunk,
     FinalChunk,
     GenerateRequest,
+    PingRequest,
     SamplingParams,
     TokenChunk,
     decode_chunk,
@@ -122,22 +123,24 @@ async def test_cancel_stops_generation_at_the_worker(worker_factory, etcd, nc, n
     instance = await _instance(etcd, namespace)
     inbox = nc.new_inbox()
     received: list[bytes] = []
+    first_chunk = asyncio.Event()
 
     async def on_chunk(msg) -> None:
         received.append(msg.data)
+        first_chunk.set()
 
     await nc.subscribe(inbox, cb=on_chunk)
     request = GenerateRequest(
         request_id="long", model="demo", sampling=SamplingParams(max_tokens=60)
     )
     await nc.publish(instance.subject, encode_msg(request), reply=inbox)
-    await asyncio.sleep(0.3)
+    await first_chunk.wait()
     await nc.publish(instance.subject, encode_msg(CancelRequest(request_id="long")))
-    await asyncio.sleep(0.3)
-    count_after_cancel = len(received)
-    await asyncio.sleep(0.5)
-    assert len(received) == count_after_cancel < 20
-    assert _metric(worker, 'lorafleet_worker_requests_total{model="demo",outcome="cancelled"}') == 1
+    cancelled = 'lorafleet_worker_requests_total{model="demo",outcome="cancelled"}'
+    await _wait_for_metric(worker, cancelled, 1)  # the generation task has ended
+    await nc.request(instance.subject, encode_msg(PingRequest()), timeout=10)  # chunks in
+    assert len(received) < 20  # 60 tokens asked for; none after the cancel
+    assert not any(isinstance(decode_chunk(data), FinalChunk) for data in received)
 
 
 async def test_sigterm_finishes_inflight_request_then_removes_keys(
@@ -146,13 +149,21 @@ async def test_sigterm_finishes_inflight_request_then_removes_keys(
     worker = worker_factory("--mocker-time-per-token-s", "0.05")
     instance = await _instance(etcd, namespace)
     request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=20))
-    pending = asyncio.create_task(stream(nc, instance.subject, request))
-    await asyncio.sleep(0.2)
+    first_token = asyncio.Event()
+    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
+    await first_token.wait()
     exit_code = await asyncio.to_thread(worker.terminate)
     chunks = await pending
     assert exit_code == 0
     assert isinstance(chunks[-1], FinalChunk) and chunks[-1].usage.completion_tokens == 20
     assert await _keys(etcd, namespace) == []
+
+
+async def _wait_for_metric(worker: ServiceProcess, line_start: str, value: float) -> None:
+    """Poll ``/metrics`` until the sum of the lines starting ``line_start`` reaches ``value``."""
+    async with asyncio.timeout(10):
+        while await asyncio.to_thread(_metric, worker, line_start) < value:
+            await asyncio.sleep(0.05)
 
 
 async def test_sigkill_keys_vanish_within_ttl(worker_factory, etcd, namespace):
