@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from contextlib import ExitStack
@@ -61,12 +60,6 @@ class ClusterOptions:
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
     secure: bool = False
     """Generate certificates and users under ``state_dir/secure`` and turn on TLS and auth."""
-
-
-@dataclass
-class _Child:
-    name: str
-    process: subprocess.Popen[bytes]
 
 
 def run_cluster(options: ClusterOptions) -> int:
