@@ -2,80 +2,41 @@
 
 Everything lives under one temporary directory (server data, logs, adapter
 folders) and is stopped by PID when the ``BenchCluster`` block ends. Benchmarks
-never import ``tests``; this is their own small copy of the process helpers.
+never import ``tests``; processes start and stop through ``launch.processes``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from discovery.keys import nats_subject
 from launch.etcd_cluster import EtcdCluster, start_etcd_cluster
-from launch.local_servers import LocalServer, free_port, start_etcd, start_nats, stop_process
+from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from launch.processes import (
+    READY_TIMEOUT_S,
+    ServiceProcess,
+    frontend_argv,
+    spawn_service,
+    stop_services,
+    worker_argv,
+)
 
 __all__ = ["BenchCluster", "Service", "make_adapter_dir"]
 
-READY_TIMEOUT_S: Final = 60.0
-STOP_TIMEOUT_S: Final = 15.0
-_POLL_S: Final = 0.02
 NAMESPACE: Final = "bench"
 
 
 @dataclass
-class Service:
-    """A frontend or worker process: its HTTP port, log file and (workers) NATS subject."""
+class Service(ServiceProcess):
+    """A frontend or worker process; a worker also knows its instance id and NATS subject."""
 
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
     subject: str = ""
     instance_id: int = 0
-
-    @property
-    def pid(self) -> int:
-        """The process id."""
-        return self.process.pid
-
-    @property
-    def url(self) -> str:
-        """Base URL of its HTTP server (frontend API or worker status server)."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, object]:
-        """Poll ``/health`` until 200 and return its JSON; raise with the log's tail otherwise."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{self.tail()}")
-            with (
-                contextlib.suppress(urllib.error.URLError, OSError),
-                urllib.request.urlopen(f"{self.url}/health", timeout=1) as response,
-            ):
-                if response.status == 200:
-                    return dict(json.loads(response.read()))
-            time.sleep(_POLL_S)
-        raise TimeoutError(f"{self.name} not ready after {timeout_s}s:\n{self.tail()}")
-
-    def stop(self, *, kill: bool = False) -> None:
-        """SIGTERM (or SIGKILL) and wait for the exit."""
-        stop_process(self.process, kill=kill, timeout_s=STOP_TIMEOUT_S)
-
-    def tail(self, lines: int = 30) -> str:
-        """The last lines of its log."""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @dataclass
@@ -101,8 +62,7 @@ class BenchCluster:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for service in reversed(self.services):
-            service.stop()
+        stop_services(reversed(self.services))
         for server in (self.nats, self.etcd):
             if server is not None:
                 server.stop()
@@ -134,8 +94,7 @@ class BenchCluster:
     def frontend(self, *args: str, wait: bool = True) -> Service:
         """Start ``python -m frontend`` on a free port."""
         port = free_port()
-        argv = ["-m", "frontend", "--http-host", "127.0.0.1", "--http-port", str(port), *args]
-        service = self._spawn(f"frontend-{port}", argv, port)
+        service = self._spawn(f"frontend-{port}", frontend_argv(port=port, args=args), port)
         if wait:
             service.wait_ready()
         return service
@@ -145,10 +104,7 @@ class BenchCluster:
     ) -> Service:
         """Start ``python -m worker`` (more flags in ``args``) on a free status port."""
         port = free_port()
-        argv = [
-            "-m", "worker", "--engine", engine, "--model", model,
-            "--system-host", "127.0.0.1", "--system-port", str(port), *args,
-        ]  # fmt: skip
+        argv = worker_argv(port=port, model=model, engine=engine, args=args)
         service = self._spawn(f"worker-{port}", argv, port)
         if wait:
             self.await_worker(service)
@@ -166,13 +122,8 @@ class BenchCluster:
 
     def _spawn(self, name: str, argv: list[str], port: int) -> Service:
         log_path = self.root / "logs" / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-            )  # fmt: skip
-        service = Service(name, process, port, log_path)
+        spawned = spawn_service(name, argv, port, env=self.env, log_path=log_path)
+        service = Service(**vars(spawned))
         self.services.append(service)
         return service
 

@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -27,6 +27,7 @@ __all__ = [
     "ms",
     "percentile",
     "run_async",
+    "run_benchmark",
     "table",
 ]
 
@@ -132,3 +133,19 @@ def run_async(coro: Coroutine[Any, Any, _T]) -> _T:
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+Results = dict[str, Any]
+
+
+def run_benchmark(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results]],
+    text: Callable[[Results, argparse.Namespace], str],
+    argv: Sequence[str] | None,
+) -> int:
+    """Every benchmark's ``main``: parse ``argv``, run, print the table and ``--json``."""
+    args = parser.parse_args(argv)
+    results = run_async(run(args))
+    emit(results, text(results, args), args.json)
+    return 0

@@ -25,7 +25,14 @@ from bench._cluster import BenchCluster, Service
 from bench._failover_engines import ENGINES, FailoverEngine, failover_engine
 from bench._http import http_get_json
 from bench._load import Session
-from bench._report import add_output_flags, emit, machine, ms, percentile, run_async, table
+from bench._report import (
+    add_output_flags,
+    machine,
+    ms,
+    percentile,
+    run_benchmark,
+    table,
+)
 from bench._streams import (
     Answer,
     StreamChecks,
@@ -241,10 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print (and optionally write) its figures."""
-    args = build_parser().parse_args(argv)
-    results = run_async(run(args))
-    emit(results, _text(results["results"], results["rounds"], args.lease_ttl_s), args.json)
-    return 0
+    return run_benchmark(
+        build_parser(),
+        run,
+        lambda results, args: _text(results["results"], results["rounds"], args.lease_ttl_s),
+        argv,
+    )
 
 
 if __name__ == "__main__":

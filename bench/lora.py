@@ -18,7 +18,7 @@ from typing import Any, Final
 from bench._adapters import FrontendModels, models_latency, populate, run_rounds
 from bench._cluster import BenchCluster
 from bench._cold import cold_rounds
-from bench._report import add_output_flags, emit, machine, run_async, table
+from bench._report import add_output_flags, machine, run_benchmark, table
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -135,10 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print (and optionally write) its figures."""
-    args = build_parser().parse_args(argv)
-    results = run_async(run(args))
-    emit(results, _text(results), args.json)
-    return 0
+    return run_benchmark(build_parser(), run, lambda results, _: _text(results), argv)
 
 
 if __name__ == "__main__":

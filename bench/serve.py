@@ -21,7 +21,7 @@ from typing import Any, Final
 from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request
 from bench._load import Call, Outcome, Session, StepResult, run_step
-from bench._report import CpuMeter, add_output_flags, emit, machine, run_async, table
+from bench._report import CpuMeter, add_output_flags, machine, run_benchmark, table
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
 from frontend.request_plane import RequestPlane
@@ -222,10 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print (and optionally write) its figures."""
-    args = build_parser().parse_args(argv)
-    results = run_async(run(args))
-    emit(results, _text(results["results"]), args.json)
-    return 0
+    return run_benchmark(build_parser(), run, lambda results, _: _text(results["results"]), argv)
 
 
 if __name__ == "__main__":

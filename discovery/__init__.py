@@ -26,6 +26,7 @@ from discovery.header_timeout import (
 )
 from discovery.keys import (
     ADAPTERS_ROOT,
+    DEFAULT_NAMESPACE,
     INSTANCES_ROOT,
     KEYS_ROOT,
     MDC_ROOT,
@@ -84,6 +85,7 @@ __all__ = [
     "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_INBOX_PREFIX",
+    "DEFAULT_NAMESPACE",
     "DEFAULT_NATS_SERVER",
     "ETCD_OP_TIMEOUT_S",
     "EtcdClient",

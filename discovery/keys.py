@@ -10,6 +10,7 @@ from typing import Final
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "DEFAULT_NAMESPACE",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "MDC_ROOT",
@@ -24,6 +25,8 @@ __all__ = [
     "parse_card_key",
 ]
 
+DEFAULT_NAMESPACE: Final = "lorafleet"
+"""``DYN_NAMESPACE`` when unset: the first segment of every key and subject."""
 KEYS_ROOT: Final = "v1/"
 """Every key lorafleet writes starts with this: the prefix an etcd role must reach."""
 INSTANCES_ROOT: Final = "v1/instances/"

@@ -23,13 +23,14 @@ import uvicorn
 from litestar import Litestar
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
+from discovery.keys import DEFAULT_NAMESPACE
 from discovery.logs import configure_logging
+from discovery.nats_settings import DEFAULT_NATS_SERVER
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.app import create_app
 from frontend.config import (
     DEFAULT_HTTP_PORT,
-    DEFAULT_NAMESPACE,
     DEFAULT_ON_DEMAND_TIMEOUT_S,
     DEFAULT_SHUTDOWN_GRACE_S,
     FrontendConfig,
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
     add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
         help="env ETCD_ENDPOINTS")  # fmt: skip
-    add("--nats-server", default=_env("NATS_SERVER", "nats://127.0.0.1:4222"),
+    add("--nats-server", default=_env("NATS_SERVER", DEFAULT_NATS_SERVER),
         help="env NATS_SERVER")  # fmt: skip
     add("--router", choices=sorted(ROUTERS), default=_env("DYN_ROUTER_MODE", "round-robin"),
         help="env DYN_ROUTER_MODE")  # fmt: skip

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.keys import DEFAULT_NAMESPACE
+from discovery.nats_settings import DEFAULT_NATS_SERVER
 from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.dispatcher import DispatchSettings
@@ -13,14 +15,12 @@ from frontend.router import ROUTERS
 
 __all__ = [
     "DEFAULT_HTTP_PORT",
-    "DEFAULT_NAMESPACE",
     "DEFAULT_ON_DEMAND_TIMEOUT_S",
     "DEFAULT_SHUTDOWN_GRACE_S",
     "FrontendConfig",
 ]
 
 DEFAULT_HTTP_PORT: Final = 8000
-DEFAULT_NAMESPACE: Final = "lorafleet"
 DEFAULT_ON_DEMAND_TIMEOUT_S: Final = 60.0
 DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
 
@@ -41,7 +41,7 @@ class FrontendConfig:
     namespace: str = DEFAULT_NAMESPACE
     etcd: EtcdSettings = field(default_factory=EtcdSettings)
     """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
-    nats_server: str = "nats://127.0.0.1:4222"
+    nats_server: str = DEFAULT_NATS_SERVER
     router: str = "round-robin"
     http_host: str = "0.0.0.0"
     http_port: int = DEFAULT_HTTP_PORT

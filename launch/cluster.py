@@ -7,29 +7,35 @@ adapters through each worker's ``load_lora`` route and prints what to try.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final
+from typing import Final
 
 import httpx
 
+from discovery.keys import DEFAULT_NAMESPACE
 from discovery.settings import EtcdSettings
 from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from launch.processes import (
+    ServiceProcess,
+    frontend_argv,
+    spawn_service,
+    stop_services,
+    worker_argv,
+)
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
 READY_TIMEOUT_S: Final = 300.0
+CHILD_STOP_TIMEOUT_S: Final = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +56,7 @@ class ClusterOptions:
     workers: int = 1
     http_port: int = 8000
     system_port: int = 9345
-    namespace: str = "lorafleet"
+    namespace: str = DEFAULT_NAMESPACE
     state_dir: Path = Path(".lorafleet")
     adapters: dict[str, str] | None = None
     """Adapters to load by name and URI; None means the demo's pirate and robot."""
@@ -58,12 +64,6 @@ class ClusterOptions:
     secure: bool = False
     """Generate certificates, users and passwords under ``state_dir/secure``: etcd with TLS
     and auth, NATS with ``deploy/nats/auth.conf``."""
-
-
-@dataclass
-class _Child:
-    name: str
-    process: subprocess.Popen[bytes]
 
 
 def run_cluster(options: ClusterOptions) -> int:
@@ -78,19 +78,23 @@ def run_cluster(options: ClusterOptions) -> int:
             "NATS_SERVER": nats.url,
             "DYN_NAMESPACE": options.namespace,
         }
-        children = stack.enter_context(_children())
+        children: list[ServiceProcess] = []
+        stack.callback(stop_services, children, CHILD_STOP_TIMEOUT_S)
         frontend_env = {**env, **nats_env("frontend")}
-        children.append(_spawn("frontend", _frontend_argv(options), frontend_env))
-        worker_urls = []
+        children.append(
+            _spawn("frontend", _frontend_argv(options), options.http_port, frontend_env)
+        )
         for index in range(options.workers):
             port = options.system_port + index
-            argv, worker_env = _worker_argv(options, model, port), {**env, **nats_env("worker")}
-            children.append(_spawn(f"worker-{index}", argv, worker_env))
-            worker_urls.append(f"http://127.0.0.1:{port}")
-        frontend_url = f"http://127.0.0.1:{options.http_port}"
-        _wait_ready([frontend_url, *worker_urls], children)
+            worker_env = {**env, **nats_env("worker")}
+            children.append(
+                _spawn(f"worker-{index}", _worker_argv(options, model, port), port, worker_env)
+            )
+        _wait_ready(children)
+        frontend, workers = children[0], children[1:]
+        worker_urls = [worker.url for worker in workers]
         _load_adapters(worker_urls, adapters)
-        _print_next_steps(options, frontend_url, worker_urls, adapters, etcd, etcdctl_flags)
+        _print_next_steps(options, frontend.url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
             while not stop.is_set() and all(c.process.poll() is None for c in children):
                 stop.wait(0.5)
@@ -158,67 +162,25 @@ def _port_or_free(preferred: int) -> int:
 
 
 def _frontend_argv(options: ClusterOptions) -> list[str]:
-    return [sys.executable, "-m", "frontend", "--http-port", str(options.http_port)]
+    return frontend_argv(port=options.http_port, host=None)  # DYN_HTTP_HOST or all interfaces
 
 
 def _worker_argv(options: ClusterOptions, model: str, port: int) -> list[str]:
-    return [
-        sys.executable, "-m", "worker", "--engine", options.engine, "--model", model,
-        "--served-model-name", options.served_model_name, "--enable-lora",
-        "--system-host", "127.0.0.1", "--system-port", str(port),
-        "--advertise-host", "127.0.0.1", *options.extra_worker_args,
-    ]  # fmt: skip
+    extra = ["--served-model-name", options.served_model_name, "--enable-lora",
+             "--advertise-host", "127.0.0.1", *options.extra_worker_args]  # fmt: skip
+    return worker_argv(port=port, model=model, engine=options.engine, args=extra)
 
 
-@contextmanager
-def _children() -> Iterator[list[_Child]]:
-    """Children stopped with SIGTERM (then SIGKILL after 20 s) when the block ends."""
-    children: list[_Child] = []
-    try:
-        yield children
-    finally:
-        for child in children:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.process.wait(20)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
+def _spawn(name: str, argv: list[str], port: int, env: dict[str, str]) -> ServiceProcess:
+    return spawn_service(name, argv, port, env={**env, "DYN_LORA_ENABLED": "true"}, log_path=None)
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str]) -> _Child:
-    full_env = {**os.environ, **env, "DYN_LORA_ENABLED": "true", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=full_env, start_new_session=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    threading.Thread(target=_prefix_lines, args=(name, process.stdout), daemon=True).start()
-    return _Child(name, process)
-
-
-def _prefix_lines(name: str, stream: IO[bytes]) -> None:
-    for line in iter(stream.readline, b""):
-        sys.stdout.write(f"[{name:>9}] {line.decode(errors='replace')}")
-        sys.stdout.flush()
-
-
-def _wait_ready(urls: list[str], children: list[_Child]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    for url in urls:
-        while not _healthy(url):
-            dead = [c.name for c in children if c.process.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"{dead or url} did not start; see the log lines above")
-            time.sleep(0.2)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+def _wait_ready(children: list[ServiceProcess]) -> None:
+    for child in children:
+        try:
+            child.wait_ready(READY_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{child.name} did not start; see the log lines above") from exc
 
 
 def _load_adapters(worker_urls: list[str], adapters: dict[str, str]) -> None:

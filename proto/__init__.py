@@ -119,8 +119,10 @@ from proto.placement import (
     rendezvous_order,
 )
 from proto.uris import (
+    is_scheme_name,
     public_uri,
     redact_uri,
+    split_uri,
 )
 from proto.vllm_lora import (
     LoadLoraAdapterRequest,
@@ -234,6 +236,7 @@ __all__ = [
     "error_body",
     "error_from_info",
     "http_status",
+    "is_scheme_name",
     "lora_id",
     "lora_path_uri",
     "lora_slug",
@@ -241,6 +244,7 @@ __all__ = [
     "redact_uri",
     "rendezvous_order",
     "shorten",
+    "split_uri",
     "validate_adapter_spec",
     "validate_lora_name",
     "vllm_already_loaded",

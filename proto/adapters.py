@@ -15,6 +15,7 @@ import msgspec
 
 from proto.errors import InvalidRequestError
 from proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
+from proto.uris import split_uri
 
 __all__ = [
     "AdapterList",
@@ -44,7 +45,6 @@ Replicas = Annotated[
     msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
 ]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
 
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
@@ -142,8 +142,7 @@ def validate_adapter_spec(spec: AdapterSpec) -> AdapterSpec:
             f"replicas of adapter {spec.name!r} is {spec.replicas}; use a number >= 0 "
             '(0 loads it only on demand) or "all"'
         )
-    scheme, sep, rest = spec.source.uri.partition("://")
-    if not sep or not rest or not _SCHEME.fullmatch(scheme):
+    if split_uri(spec.source.uri) is None:
         raise InvalidRequestError(
             f"source.uri of adapter {spec.name!r} is not a URI with a scheme; "
             "use e.g. file:///path or s3://bucket/prefix"

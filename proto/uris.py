@@ -1,18 +1,39 @@
-"""Remove secrets (user info, query values such as presigned signatures) from a URI.
+"""Adapter URIs as strings: split off the scheme, and remove secrets before showing one.
 
-Everything that puts a URI into a log line, an error message or an HTTP answer goes
-through here (workers and the frontend alike); answers to callers who showed no
-token also hide paths on a worker's disk (``public_uri``). Pure string work, no I/O.
+``split_uri`` is the one parser of ``scheme://rest`` (validation in ``proto``,
+the worker's sources and its LoRA controller all use it). Everything that puts
+a URI into a log line, an error message or an HTTP answer goes through
+``redact_uri`` (workers and the frontend alike); answers to callers who showed
+no token also hide paths on a worker's disk (``public_uri``). Pure string work, no I/O.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-__all__ = ["public_uri", "redact_uri"]
+__all__ = ["is_scheme_name", "public_uri", "redact_uri", "split_uri"]
 
 REDACTED: Final = "***"
+_SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
+
+
+def is_scheme_name(scheme: str) -> bool:
+    """Return whether ``scheme`` is a lower-case RFC 3986 scheme name (``s3``, ``hf+git``)."""
+    return _SCHEME.fullmatch(scheme) is not None
+
+
+def split_uri(uri: str) -> tuple[str, str] | None:
+    """``(scheme, rest)`` of ``scheme://rest`` with the scheme lower-cased.
+
+    None when ``uri`` has no valid scheme name or nothing after ``://``.
+    """
+    scheme, sep, rest = uri.partition("://")
+    scheme = scheme.lower()
+    if not sep or not rest or not is_scheme_name(scheme):
+        return None
+    return scheme, rest
 
 
 def redact_uri(uri: str) -> str:
@@ -37,12 +58,12 @@ def public_uri(source: str) -> str:
     segment (``file:///***/pirate``): the layout of a worker's disk is nobody's business.
     """
     redacted = redact_uri(source)
-    scheme, sep, rest = redacted.partition("://")
-    if sep and scheme.lower() != "file":
+    parts = split_uri(redacted)
+    if parts is not None and parts[0] != "file":
         return redacted
-    if not sep and not redacted.startswith(("/", "~", ".")):
+    if parts is None and not redacted.startswith(("/", "~", ".")):
         return redacted  # a hub id such as ``org/model``, or a bare name
-    path = rest if sep else redacted
+    path = redacted if parts is None else parts[1]
     name = path.rstrip("/").rpartition("/")[2]
     return f"file:///{REDACTED}/{name}" if name else f"file:///{REDACTED}"
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from discovery.keys import DEFAULT_NAMESPACE
+from discovery.nats_settings import DEFAULT_NATS_SERVER
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
@@ -39,12 +41,12 @@ class WorkerConfig:
 
     engine: str
     engine_config: EngineConfig
-    namespace: str = "lorafleet"
+    namespace: str = DEFAULT_NAMESPACE
     component: str = "backend"
     endpoint: str = "generate"
     etcd: EtcdSettings = field(default_factory=EtcdSettings)
     """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
-    nats_server: str = "nats://127.0.0.1:4222"
+    nats_server: str = DEFAULT_NATS_SERVER
     system_host: str = "0.0.0.0"
     system_port: int = 9345
     advertise_host: str = ""
@@ -85,11 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINE_KINDS, default=env("DYN_ENGINE", "mocker"))
     p.add_argument("--model", default=env("DYN_MODEL"), help="model path or name (DYN_MODEL)")
     p.add_argument("--served-model-name", default=env("DYN_SERVED_MODEL_NAME"))
-    p.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
+    p.add_argument("--namespace", default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE))
     p.add_argument("--component", default=env("DYN_COMPONENT", "backend"))
     p.add_argument("--endpoint", default=env("DYN_ENDPOINT", "generate"))
     p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
-    p.add_argument("--nats-server", default=env("NATS_SERVER", "nats://127.0.0.1:4222"))
+    p.add_argument("--nats-server", default=env("NATS_SERVER", DEFAULT_NATS_SERVER))
     p.add_argument("--system-host", default=env("DYN_SYSTEM_HOST", "0.0.0.0"))
     p.add_argument("--system-port", type=int, default=int(env("DYN_SYSTEM_PORT", "9345")))
     p.add_argument("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""))

@@ -42,6 +42,7 @@ from proto.errors import (
 )
 from proto.limits import shorten
 from proto.naming import lora_id, lora_slug
+from proto.uris import split_uri
 from worker import metrics
 from worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
 from worker.lora import redact_uri
@@ -187,18 +188,18 @@ class LoraController:
 
     def _check_uri(self, name: str, uri: str) -> str:
         shown = shorten(redact_uri(uri))
-        scheme, sep, rest = uri.partition("://")
+        parts = split_uri(uri)
         supported = sorted(self._source.supported_schemes())
-        if not sep or not rest:
+        if parts is None:
             raise InvalidRequestError(
                 f"source.uri {shown!r} of adapter {name!r} is not a URI; use e.g. "
                 f"file:///path or s3://bucket/prefix (supported schemes: {supported})",
                 lora_name=name,
             )
-        if scheme.lower() not in supported:
+        if parts[0] not in supported:
             raise InvalidRequestError(
                 f"source.uri {shown!r} of adapter {name!r} has unsupported scheme "
-                f"{scheme!r}; supported: {supported}",
+                f"{parts[0]!r}; supported: {supported}",
                 lora_name=name,
             )
         return uri

@@ -80,7 +80,7 @@ async def test_records_come_back_after_etcd_restarts(own_etcd: LocalServer, name
     await keeper.put(f"{namespace}/a", b"1")
     with structlog.testing.capture_logs() as logs:
         own_etcd.stop()
-        await asyncio.sleep(TTL_S + 0.5)  # keep-alives fail meanwhile
+        await _keep_alives_fail(etcd, times=3)
         assert keeper.state is LeaseState.RECOVERING
         await asyncio.to_thread(own_etcd.restart)
         async with asyncio.timeout(TTL_S * 3):
@@ -95,6 +95,32 @@ async def test_records_come_back_after_etcd_restarts(own_etcd: LocalServer, name
     assert info.TTL > 0
     await keeper.aclose()
     await etcd.close()
+
+
+async def _keep_alives_fail(etcd, *, times: int) -> None:
+    """Return once ``times`` keep-alives have failed on ``etcd`` (whose server is down).
+
+    Counts the real client's calls by wrapping its method; nothing is faked."""
+    failed = asyncio.Event()
+    failures = 0
+    real_keep_alive = etcd.keep_lease_alive
+
+    async def counted(lease_id: int) -> int:
+        nonlocal failures
+        try:
+            return await real_keep_alive(lease_id)
+        except Exception:
+            failures += 1
+            if failures >= times:
+                failed.set()
+            raise
+
+    etcd.keep_lease_alive = counted
+    try:
+        async with asyncio.timeout(TTL_S * 10):
+            await failed.wait()
+    finally:
+        etcd.keep_lease_alive = real_keep_alive
 
 
 async def test_put_while_etcd_is_down_raises_a_clear_error(own_etcd: LocalServer, namespace):

@@ -1,12 +1,15 @@
-"""A test-only stand-in worker: real NATS subject, real etcd records, scripted behaviour.
+"""A test-only stand-in worker: the real endpoint and engine registry, a scripted engine.
 
-It serves the request plane like a worker (``TokenChunk``s then a ``FinalChunk``)
-but can also stay mute, fail, or go slowly, so the frontend's failure paths
-can be driven exactly. Its base card says LoRA management is on unless
-``enable_lora=False``. With ``answer_loads`` it serves ``update/load_lora`` by
-publishing the adapter's card; otherwise it never answers updates, only records
-them. The real
-worker (``python -m worker``) is used by the end-to-end tests.
+It serves its subject with ``worker.endpoint.Endpoint`` and answers updates
+through ``worker.engine_registry.EngineRegistry``, as ``python -m worker`` does,
+so it cannot drift from the worker protocol; only the engine is scripted: it
+answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
+paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
+subscriber that answers nothing at all. Its base card says LoRA management is
+on unless ``enable_lora=False``. With ``answer_loads`` it serves
+``update/load_lora`` by publishing the adapter's card; otherwise it never
+answers updates, only records them. The real worker is used by the
+end-to-end tests.
 """
 
 from __future__ import annotations
@@ -16,35 +19,23 @@ import contextlib
 import enum
 import os
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 from nats.aio.msg import Msg
 
 from discovery.client import EtcdClient
-from discovery.keys import base_card_key, instance_key, lora_card_key, nats_subject
+from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
-from proto.discovery import (
-    Instance,
-    LoraInfo,
-    ModelDeploymentCard,
-    RuntimeConfig,
-    encode_record,
-)
-from proto.errors import ErrorInfo
-from proto.inference import (
-    CancelRequest,
-    ErrorChunk,
-    FinalChunk,
-    GenerateRequest,
-    PingRequest,
-    TokenChunk,
-    UpdateReply,
-    UpdateRequest,
-    Usage,
-    decode_instance_message,
-    encode_msg,
-)
+from proto.adapters import LoadLoraRequest, LoraResponse
+from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
+from proto.errors import ErrorInfo, UnavailableError, error_from_info
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk, UpdateReply, Usage
 from proto.naming import lora_id, lora_slug
+from worker.endpoint import Endpoint, EndpointAddress
+from worker.engine import EngineConfig, EngineRoute, LLMEngine, ModelEndpoint
+from worker.engine_registry import EngineRegistry, error_reply
 
 COMPONENT = "backend"
 ENDPOINT = "generate"
@@ -58,8 +49,63 @@ class Behaviour(enum.Enum):
     FAIL = "fail"  # answers every request with an ErrorChunk
 
 
+class ScriptedEngine(LLMEngine):
+    """Answers ``tok0 tok1 ...`` honouring max_tokens (or fails); records what it was asked."""
+
+    def __init__(
+        self, config: EngineConfig, *, error: ErrorInfo | None, token_delay_s: float
+    ) -> None:
+        super().__init__(config)
+        self.error = error
+        self.token_delay_s = token_delay_s
+        self.generated: list[GenerateRequest] = []
+        self.cancelled: list[str] = []
+        self.loads: list[str] = []
+        self._endpoint: ModelEndpoint | None = None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
+        self.generated.append(request)
+        if self.error is not None:
+            raise error_from_info(self.error)
+        count = request.sampling.max_tokens
+        try:
+            for index in range(count):
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                yield TokenChunk(text=f"tok{index}" if index == 0 else f" tok{index}")
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+        prompt = request.prompt or " ".join(m.content for m in request.messages or [])
+        usage = Usage(prompt_tokens=len(prompt.split()), completion_tokens=count)
+        yield FinalChunk(finish_reason="length", usage=usage)
+
+    def card(self, adapter: str) -> ModelDeploymentCard:
+        """The card of ``adapter`` on this engine's base model."""
+        lora = LoraInfo(name=adapter, lora_id=lora_id(adapter), base_model=self.config.model_name,
+                        uri=f"file:///adapters/{adapter}")  # fmt: skip
+        return ModelDeploymentCard(
+            display_name=adapter, slug=lora_slug(adapter), lora=lora,
+            context_length=self.config.context_length,
+        )  # fmt: skip
+
+    def supported_updates(self) -> dict[str, EngineRoute[Any]]:
+        return {"load_lora": EngineRoute(LoadLoraRequest, self._load)}
+
+    async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
+        self._endpoint = endpoint
+
+    async def _load(self, request: LoadLoraRequest) -> LoraResponse:
+        """Publish the adapter's card, then answer success, as the real lifecycle does."""
+        assert self._endpoint is not None
+        self.loads.append(request.lora_name)
+        await self._endpoint.register_model(self.card(request.lora_name))
+        name = request.lora_name
+        return LoraResponse(status="success", lora_name=name, lora_id=lora_id(name))
+
+
 class StandInWorker:
-    """Answers ``tok0 tok1 ...`` honouring max_tokens; usage counts whitespace words."""
+    """A worker process's NATS and etcd half, in this process, around a ``ScriptedEngine``."""
 
     def __init__(
         self,
@@ -79,104 +125,89 @@ class StandInWorker:
         self.nats_url = nats_url
         self.etcd = etcd
         self.namespace = namespace
-        self.model = model
         self.adapters = adapters
         self.behaviour = behaviour
-        self.token_delay_s = token_delay_s
-        self.error = error or ErrorInfo(code="internal_error", message="engine exploded")
-        self.context_length = context_length
         self.answer_loads = answer_loads
-        self.enable_lora = enable_lora
-        self.loads: list[str] = []
+        if behaviour is Behaviour.FAIL:
+            error = error or ErrorInfo(code="internal_error", message="engine exploded")
+        config = EngineConfig(model=f"/models/{model}", served_model_name=model,
+                              enable_lora=enable_lora, context_length=context_length)  # fmt: skip
+        self.engine = ScriptedEngine(config, error=error, token_delay_s=token_delay_s)
+        self.registry = EngineRegistry()
         self.updates: list[str] = []
-        self.generated: list[GenerateRequest] = []
-        self.cancelled: list[str] = []
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopped = asyncio.Event()
+
+    @property
+    def generated(self) -> list[GenerateRequest]:
+        """Every generate request the engine was handed."""
+        return self.engine.generated
+
+    @property
+    def cancelled(self) -> list[str]:
+        """Request ids whose generation was cancelled."""
+        return self.engine.cancelled
+
+    @property
+    def loads(self) -> list[str]:
+        """Adapter names loaded through ``update/load_lora``."""
+        return self.engine.loads
 
     async def start(self) -> StandInWorker:
+        """Grant the lease, serve the subject and publish the instance and cards."""
         self.lease = await LeaseKeeper.grant(self.etcd, ttl_s=10)
         self.instance_id = self.lease.lease_id
-        self.subject = nats_subject(self.namespace, COMPONENT, ENDPOINT, self.instance_id)
+        address = EndpointAddress(namespace=self.namespace, component=COMPONENT,
+                                  endpoint=ENDPOINT, instance_id=self.instance_id)  # fmt: skip
+        self.subject = address.subject
         self.nc = await nats.connect(self.nats_url)
-        self.sub = await self.nc.subscribe(self.subject, cb=self._on_message)
-        await self.nc.flush()
-        await self.nc.flush()
-        ids = (self.namespace, COMPONENT, ENDPOINT, self.instance_id)
-        instance = Instance(
-            namespace=self.namespace, component=COMPONENT, endpoint=ENDPOINT,
-            instance_id=self.instance_id, subject=self.subject, engine="stand-in",
-            pid=os.getpid(), started_at=time.time(),
-        )  # fmt: skip
-        await self.lease.put(instance_key(*ids), encode_record(instance))
-        await self.lease.put(base_card_key(*ids), encode_record(self.base_card()))
+        self.endpoint = Endpoint(self.nc, self.lease, address)
+        if self.behaviour is Behaviour.MUTE:
+            await self.nc.subscribe(self.subject, cb=_ignore)
+            await self.nc.flush()
+        else:
+            await self._serve()
+        await self.lease.put(instance_key(self.namespace, COMPONENT, ENDPOINT, self.instance_id),
+                             encode_record(self._instance()))  # fmt: skip
+        await self.endpoint.register_model(self.engine.base_card())
         for name in self.adapters:
-            await self.lease.put(
-                lora_card_key(*ids, lora_slug(name)), encode_record(self.card(name))
-            )
+            await self.endpoint.register_model(self.engine.card(name))
         return self
 
-    def base_card(self) -> ModelDeploymentCard:
-        return ModelDeploymentCard(
-            display_name=self.model, slug=lora_slug(self.model),
-            source_path=f"/models/{self.model}", context_length=self.context_length,
-            runtime_config=RuntimeConfig(enable_lora=self.enable_lora),
-        )  # fmt: skip
-
     def card(self, adapter: str) -> ModelDeploymentCard:
-        lora = LoraInfo(name=adapter, lora_id=lora_id(adapter), base_model=self.model,
-                        uri=f"file:///adapters/{adapter}")  # fmt: skip
-        return ModelDeploymentCard(
-            display_name=adapter, slug=lora_slug(adapter), lora=lora,
-            context_length=self.context_length,
-        )  # fmt: skip
+        """The card of ``adapter`` on this worker's base model."""
+        return self.engine.card(adapter)
 
     async def stop(self, *, retract: bool = True) -> None:
         """Stop answering; with ``retract`` also delete the records (else they stay till TTL)."""
-        for task in self._tasks.values():
-            task.cancel()
+        self._stopped.set()
+        await self.endpoint.stop_accepting()
+        await self.endpoint.drain(0)
         with contextlib.suppress(Exception):
             await self.nc.close()
         await self.lease.aclose(revoke=retract)
 
-    async def _on_message(self, msg: Msg) -> None:
-        if self.behaviour is Behaviour.MUTE:
-            return
-        message = decode_instance_message(msg.data)
-        if isinstance(message, PingRequest):
-            await self.nc.publish(msg.reply, encode_msg(UpdateReply(body={"status": "ok"})))
-        elif isinstance(message, CancelRequest):
-            self.cancelled.append(message.request_id)
-            task = self._tasks.pop(message.request_id, None)
-            if task is not None:
-                task.cancel()
-        elif isinstance(message, UpdateRequest):
-            self.updates.append(message.name)
-            if self.answer_loads:
-                await self._load(message.body["lora_name"], msg.reply)
-        elif isinstance(message, GenerateRequest):
-            self.generated.append(message)
-            task = asyncio.create_task(self._generate(message, msg.reply))
-            self._tasks[message.request_id] = task
-            task.add_done_callback(lambda _: self._tasks.pop(message.request_id, None))
+    async def _serve(self) -> None:
+        """The start-up steps of ``worker.runtime`` that matter on the wire, in its order."""
+        await self.endpoint.serve()
+        self.endpoint.engine = self.engine
+        await self.engine.on_endpoint_ready(self.endpoint)
+        self.registry.register(self.engine)
+        self.endpoint.update_handler = self._on_update
 
-    async def _load(self, name: str, reply: str) -> None:
-        """Publish ``name``'s card, then answer success, as the real lifecycle does."""
-        self.loads.append(name)
-        ids = (self.namespace, COMPONENT, ENDPOINT, self.instance_id)
-        await self.lease.put(lora_card_key(*ids, lora_slug(name)), encode_record(self.card(name)))
-        body = {"status": "success", "lora_name": name, "lora_id": lora_id(name)}
-        await self.nc.publish(reply, encode_msg(UpdateReply(body=body)))
+    async def _on_update(self, name: str, body: dict[str, Any]) -> UpdateReply:
+        self.updates.append(name)
+        if not self.answer_loads:
+            await self._stopped.wait()  # never answers while it runs
+            return error_reply(UnavailableError("stand-in stopped"))
+        return await self.registry.call(name, body)
 
-    async def _generate(self, request: GenerateRequest, reply: str) -> None:
-        if self.behaviour is Behaviour.FAIL:
-            await self.nc.publish(reply, encode_msg(ErrorChunk(error=self.error)))
-            return
-        count = request.sampling.max_tokens
-        for index in range(count):
-            if self.token_delay_s:
-                await asyncio.sleep(self.token_delay_s)
-            text = f"tok{index}" if index == 0 else f" tok{index}"
-            await self.nc.publish(reply, encode_msg(TokenChunk(text=text)))
-        prompt = request.prompt or " ".join(m.content for m in request.messages or [])
-        usage = Usage(prompt_tokens=len(prompt.split()), completion_tokens=count)
-        await self.nc.publish(reply, encode_msg(FinalChunk(finish_reason="length", usage=usage)))
+    def _instance(self) -> Instance:
+        return Instance(
+            namespace=self.namespace, component=COMPONENT, endpoint=ENDPOINT,
+            instance_id=self.instance_id, subject=self.subject, engine="stand-in",
+            pid=os.getpid(), started_at=time.time(),
+        )  # fmt: skip
+
+
+async def _ignore(_: Msg) -> None:
+    """A MUTE stand-in's subscriber: it takes every message and answers none."""

@@ -11,10 +11,12 @@ continue on the real worker, from the token ids the client already received.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -27,9 +29,10 @@ from discovery.nats_settings import NatsSettings
 from frontend.request_plane import RequestPlane
 from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
 from proto.discovery import decode_instance
-from proto.inference import GenerateRequest
-from tests.frontend.stand_in import StandInWorker
+from proto.inference import FinalChunk, GenerateRequest, TokenChunk, decode_chunk
+from tests.frontend.stand_in import ScriptedEngine, StandInWorker
 from tests.processes import ServiceProcess, start_frontend, start_worker
+from worker.engine import EngineConfig
 
 pytestmark = pytest.mark.slow
 
@@ -38,25 +41,42 @@ REPLY_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 15.0
 
 
+class RelayEngine(ScriptedEngine):
+    """Passes on a real worker's first chunks, then makes its stand-in vanish from NATS."""
+
+    def __init__(self, config: EngineConfig, relay: DyingRelay) -> None:
+        super().__init__(config, error=None, token_delay_s=0.0)
+        self._relay = relay
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
+        self.generated.append(request)
+        settings = NatsSettings(servers=(self._relay.nats_url,))
+        conn = await NatsConnection.connect(settings, name="relay")
+        plane = await RequestPlane.start(conn)
+        relayed = msgspec.structs.replace(request, request_id=f"{request.request_id}-relayed")
+        answer = await plane.open(self._relay.real_subject, relayed)
+        for _ in range(CHUNKS_BEFORE_DYING):
+            msg = await answer.next(REPLY_TIMEOUT_S)
+            assert msg is not None, "the real worker did not answer the relay"
+            chunk = decode_chunk(msg.data)
+            assert isinstance(chunk, TokenChunk)
+            yield chunk
+        answer.close()
+        await plane.aclose()
+        await conn.aclose()
+        await self._relay.nc.flush()
+        await self._relay.endpoint.stop_accepting()  # dead: nobody answers its subject any more
+        await asyncio.Event().wait()  # and sends nothing more; stop() cancels this
+
+
 class DyingRelay(StandInWorker):
     """Serves the model with a real worker's first chunks, then vanishes from NATS."""
 
     real_subject = ""
 
-    async def _generate(self, request: GenerateRequest, reply: str) -> None:
-        conn = await NatsConnection.connect(NatsSettings(servers=(self.nats_url,)), name="relay")
-        plane = await RequestPlane.start(conn)
-        relayed = msgspec.structs.replace(request, request_id=f"{request.request_id}-relayed")
-        answer = await plane.open(self.real_subject, relayed)
-        for _ in range(CHUNKS_BEFORE_DYING):
-            msg = await answer.next(REPLY_TIMEOUT_S)
-            assert msg is not None, "the real worker did not answer the relay"
-            await self.nc.publish(reply, msg.data)
-        await self.nc.flush()
-        answer.close()
-        await self.sub.unsubscribe()  # dead: nobody answers its subject any more
-        await plane.aclose()
-        await conn.aclose()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.engine = RelayEngine(self.engine.config, self)
 
 
 @pytest.fixture

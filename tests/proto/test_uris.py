@@ -1,10 +1,11 @@
-"""``public_uri``: what a caller without a token may see of an adapter's or model's source."""
+"""``split_uri``, the one scheme parser, and ``public_uri``: what a caller without a token
+may see of an adapter's or model's source."""
 
 from __future__ import annotations
 
 import pytest
 
-from proto.uris import public_uri
+from proto.uris import public_uri, split_uri
 
 
 @pytest.mark.parametrize(
@@ -32,3 +33,23 @@ def test_paths_on_a_worker_s_disk_keep_only_their_last_segment(source: str, show
 )
 def test_remote_sources_and_hub_ids_are_shown_without_secrets(source: str, shown: str) -> None:
     assert public_uri(source) == shown
+
+
+@pytest.mark.parametrize(
+    ("uri", "parts"),
+    [
+        ("s3://bucket/prefix", ("s3", "bucket/prefix")),
+        ("S3://bucket/prefix", ("s3", "bucket/prefix")),
+        ("hf+git://org/name@main", ("hf+git", "org/name@main")),
+        ("file:///srv/adapters/pirate", ("file", "/srv/adapters/pirate")),
+    ],
+)
+def test_split_uri_lower_cases_the_scheme_and_keeps_the_rest(
+    uri: str, parts: tuple[str, str]
+) -> None:
+    assert split_uri(uri) == parts
+
+
+@pytest.mark.parametrize("uri", ["/srv/pirate", "org/pirate", "s3://", "1x://a", "://a", ""])
+def test_split_uri_refuses_what_has_no_scheme_or_no_location(uri: str) -> None:
+    assert split_uri(uri) is None

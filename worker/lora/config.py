@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from proto.uris import is_scheme_name
 from worker.lora.errors import LoraConfigError
 from worker.lora.source import LoRASource
-from worker.lora.uri import check_scheme_name
 
 __all__ = ["DEFAULT_CACHE_DIR", "LoRAManagerConfig", "load_source"]
 
@@ -55,8 +55,8 @@ class LoRAManagerConfig:
             )
         if any(not root.is_absolute() for root in self.file_roots):
             raise LoraConfigError(f"DYN_LORA_FILE_ROOTS must be absolute paths: {self.file_roots}")
-        bad = [s for s in (self.allowed_schemes or ()) if not check_scheme_name(s)]
-        bad += [scheme for scheme, spec in self.sources if not check_scheme_name(scheme)]
+        bad = [s for s in (self.allowed_schemes or ()) if not is_scheme_name(s)]
+        bad += [scheme for scheme, spec in self.sources if not is_scheme_name(scheme)]
         if bad:
             raise LoraConfigError(f"invalid scheme names (lower-case, e.g. 's3'): {sorted(bad)}")
         if self.download_timeout_s <= 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
+from proto.uris import split_uri
 from worker.lora.errors import (
     LoraInvalidUriError,
     LoraNotFoundError,
@@ -33,7 +34,7 @@ HF_LOCAL_METADATA_DIR: Final = ".cache"
 
 def parse_hf_uri(uri: str) -> tuple[str, str | None]:
     """Split ``hf://org/name@rev`` into ``("org/name", "rev")`` (revision None when absent)."""
-    rest = uri.partition("://")[2].strip("/")
+    rest = (split_uri(uri) or ("", ""))[1].strip("/")
     repo_id, _, revision = rest.partition("@")
     if not _REPO_ID.fullmatch(repo_id) or (revision == "" and "@" in rest):
         raise LoraInvalidUriError(

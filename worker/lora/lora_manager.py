@@ -18,7 +18,8 @@ from typing import Any, Final
 
 import structlog
 
-from proto.errors import LorafleetError
+from proto.errors import LorafleetError, error_body
+from proto.uris import is_scheme_name
 from worker import metrics
 from worker.lora._failures import combine_failures
 from worker.lora._redact import redact_uri
@@ -37,7 +38,7 @@ from worker.lora.file_source import FileSource
 from worker.lora.hf_source import HfSource
 from worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
 from worker.lora.source import InPlaceSource, LoRASource
-from worker.lora.uri import cache_key, check_scheme_name, uri_scheme
+from worker.lora.uri import cache_key, uri_scheme
 
 __all__ = ["DownloadResult", "LoRAManager"]
 
@@ -48,7 +49,7 @@ TRACEBACK_FRAMES: Final = 3
 
 DownloadResult = dict[str, Any]
 """Dynamo's answer shape: ``{"status": "success", "local_path": str}`` or
-``{"status": "error", "message": str}``."""
+``{"status": "error", "code": str, "message": str}`` (``proto.errors.error_body``)."""
 
 
 class LoRAManager:
@@ -109,7 +110,7 @@ class LoRAManager:
         As in Dynamo, ``source`` needs only an async ``download(uri, dest)``; when it also
         has an async ``exists(uri)``, that is asked first ("LoRA not found at ..." on no).
         """
-        if not check_scheme_name(scheme):
+        if not is_scheme_name(scheme):
             raise LoraConfigError(f"invalid scheme name {scheme!r} (lower-case, e.g. 'hf')")
         source = CustomSource(scheme, source)
         self._sources.setdefault(scheme, []).append(source)
@@ -153,12 +154,12 @@ class LoRAManager:
         """Dynamo's call: :meth:`download`, answering a dict instead of raising.
 
         ``{"status": "success", "local_path": "/cache/s3_..."}`` or
-        ``{"status": "error", "message": "LoRA source ...: LoRA not found at ..."}``.
+        ``{"status": "error", "code": "not_found", "message": "LoRA source ...: LoRA not ..."}``.
         """
         try:
             path = await self.download(uri)
         except LorafleetError as exc:
-            return {"status": "error", "message": exc.message}
+            return error_body(exc.to_info())
         return {"status": "success", "local_path": str(path)}
 
     async def acquire(self, uri: str) -> Path:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
+from proto.uris import split_uri
 from worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from worker.lora.archive import extract_archive, is_archive_name, safe_join
 from worker.lora.errors import (
@@ -86,9 +87,9 @@ def default_s3_client() -> Any:
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """Split ``s3://bucket/prefix`` into the bucket and the key prefix (taken verbatim)."""
-    scheme, _, rest = uri.partition("://")
+    scheme, rest = split_uri(uri) or ("", "")
     bucket, _, prefix = rest.partition("/")
-    if scheme.lower() != "s3" or not bucket or any(c in bucket for c in "@:?#"):
+    if scheme != "s3" or not bucket or any(c in bucket for c in "@:?#"):
         raise LoraInvalidUriError(uri, "not an S3 URI", hint="write s3://bucket/prefix")
     return bucket, prefix
 

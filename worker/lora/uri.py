@@ -2,35 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from typing import Final
 
 import blake3
 
+from proto.uris import split_uri
 from worker.lora.errors import LoraInvalidUriError
 
-__all__ = ["CACHE_KEY_HEX_CHARS", "cache_key", "check_scheme_name", "uri_scheme"]
+__all__ = ["CACHE_KEY_HEX_CHARS", "cache_key", "uri_scheme"]
 
 CACHE_KEY_HEX_CHARS: Final = 32
-_SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
-
-
-def check_scheme_name(scheme: str) -> bool:
-    """Return whether ``scheme`` is a lower-case RFC 3986 scheme name (``s3``, ``hf+git``)."""
-    return _SCHEME.fullmatch(scheme) is not None
 
 
 def uri_scheme(uri: str) -> str:
     """Return the lower-cased scheme of ``uri``; raise if there is none."""
-    scheme, sep, rest = uri.partition("://")
-    scheme = scheme.lower()
-    if not sep or not rest or not check_scheme_name(scheme):
+    parts = split_uri(uri)
+    if parts is None:
         raise LoraInvalidUriError(
             uri,
             "not a URI with a scheme",
             hint="write it as scheme://location, e.g. s3://bucket/prefix",
         )
-    return scheme
+    return parts[0]
 
 
 def cache_key(uri: str) -> str:

@@ -69,7 +69,7 @@ async def test_download_lora_answers_success_with_local_path_and_error_with_mess
     assert ok == {"status": "success", "local_path": ok["local_path"]}
     assert Path(ok["local_path"]).parent == tmp_path / "cache"
     assert (Path(ok["local_path"]) / "adapter_config.json").is_file()
-    assert failed["status"] == "error" and set(failed) == {"status", "message"}
+    assert failed["status"] == "error" and set(failed) == {"status", "code", "message"}
     assert "scheme 'nosuch' has no source" in failed["message"]
 
 

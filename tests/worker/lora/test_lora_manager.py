@@ -36,10 +36,13 @@ class RecordingSource:
     ) -> None:
         self.name = name
         self.calls: list[str] = []
+        self.started = asyncio.Event()
+        """Set when the first download begins (it then waits for ``gate``)."""
         self._write, self._fail, self._gate = write, fail, gate
 
     async def download(self, uri: str, dest: Path) -> Path:
         self.calls.append(uri)
+        self.started.set()
         if self._gate is not None:
             await self._gate.wait()
         if self._fail is not None:
@@ -162,7 +165,7 @@ async def test_concurrent_downloads_share_one_fetch_even_if_a_caller_is_cancelle
     manager = _manager(tmp_path)
     manager.register_custom_source("demo", source)
     waiters = [asyncio.create_task(manager.download("demo://x")) for _ in range(5)]
-    await asyncio.sleep(0.05)
+    await source.started.wait()
 
     waiters[0].cancel()
     gate.set()
@@ -311,9 +314,10 @@ async def test_aclose_cancels_downloads_in_flight_and_leaves_nothing_behind(
 ) -> None:
     gate = asyncio.Event()
     async with _manager(tmp_path) as manager:
-        manager.register_custom_source("demo", RecordingSource(make_adapter, gate=gate))
+        source = RecordingSource(make_adapter, gate=gate)
+        manager.register_custom_source("demo", source)
         waiter = asyncio.create_task(manager.download("demo://x"))
-        await asyncio.sleep(0.05)
+        await source.started.wait()
 
     with pytest.raises(asyncio.CancelledError):
         await waiter
