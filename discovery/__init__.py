@@ -1,6 +1,11 @@
 """The etcd side: connection, lease, records bound to it, key layout and a watch cache."""
 
 from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
+from discovery.cli_help import (
+    HelpFormatter,
+    add_version,
+    lorafleet_version,
+)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
@@ -67,6 +72,7 @@ __all__ = [
     "EtcdSettings",
     "EtcdUnavailableError",
     "HeaderTimeoutProtocol",
+    "HelpFormatter",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "LeaseKeeper",
@@ -78,6 +84,7 @@ __all__ = [
     "WatchListener",
     "adapter_key",
     "adapters_prefix",
+    "add_version",
     "base_card_key",
     "card_prefix",
     "configure_logging",
@@ -86,6 +93,7 @@ __all__ = [
     "instance_key",
     "instance_prefix",
     "lora_card_key",
+    "lorafleet_version",
     "nats_subject",
     "parse_card_key",
     "parse_endpoints",
