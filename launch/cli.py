@@ -18,6 +18,7 @@ from discovery.cli_help import HelpFormatter, add_version
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from launch.cluster_state import ClusterState, read_state
 from proto.adapters import AdapterSpec, LoraSource
+from proto.errors import LorafleetError
 
 __all__ = ["main"]
 
@@ -162,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("LOG_LEVEL", "").lower() == "debug":
             raise
         command = " ".join(argv[:1] + argv[1:2] * (argv[:1] == ["lora"]))
-        print(f"lorafleet {command}: {exc} (LOG_LEVEL=debug shows the traceback)",
-              file=sys.stderr)  # fmt: skip
+        unexpected = "" if isinstance(exc, LorafleetError) else (
+            f" ({type(exc).__name__}; LOG_LEVEL=debug shows the traceback)"
+        )  # fmt: skip
+        print(f"lorafleet {command}: {exc}{unexpected}", file=sys.stderr)
         return 1
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Final
 
 from launch.errors import PortInUseError
 
 __all__ = ["holder", "is_free", "require_free"]
+
+COMMAND_CHARS: Final = 80
+"""How much of the holder's command line an error shows."""
 
 
 def is_free(port: int) -> bool:
@@ -73,4 +77,5 @@ def _command(proc: Path) -> str:
         argv = (proc / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return "?"
-    return " ".join(arg.decode(errors="replace") for arg in argv if arg)[:80]
+    command = " ".join(arg.decode(errors="replace") for arg in argv if arg)
+    return " ".join(command.split())[:COMMAND_CHARS]
