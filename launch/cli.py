@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lorafleet", description=DESCRIPTION,
                                      formatter_class=HelpFormatter)  # fmt: skip
     add_version(parser)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     help="lorafleet COMMAND --help tells more")  # fmt: skip
     _up_parser(_command(commands, "up", "run a whole local cluster until Ctrl-C"))
     _command(commands, "worker", "run a worker (lorafleet worker --help lists its flags)")
     _command(commands, "frontend", "run a frontend (lorafleet frontend --help lists its flags)")
