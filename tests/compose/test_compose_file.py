@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from compose_cli import COMPOSE_FILE, compose, resolved
+from compose_cli import ADMIN_TOKEN, COMPOSE_FILE, compose, resolved
 
 PROFILES: Final = ["gpu", "mocker"]
 DEFAULT_SERVICES: Final = {"adapters", "etcd", "frontend", "nats", "worker"}
@@ -89,3 +89,31 @@ def test_typo_in_profile_service_fails_in_its_profile(tmp_path: Path) -> None:
     result = compose("--profile", "mocker", "config", "-q", file=path)
     assert result.returncode != 0
     assert "ghost" in result.stderr
+
+
+def test_admin_token_is_required_and_reaches_the_frontend_and_the_adapters_job() -> None:
+    result = compose("config", "-q", admin_token=None)
+    assert result.returncode != 0
+    assert "DYN_ADMIN_TOKEN" in result.stderr
+    services = resolved()["services"]
+    for name in ("frontend", "adapters"):
+        assert services[name]["environment"]["DYN_ADMIN_TOKEN"] == ADMIN_TOKEN, name
+
+
+def test_etcd_is_published_on_loopback_only() -> None:
+    (port,) = resolved()["services"]["etcd"]["ports"]
+    assert (port["host_ip"], port["target"], port["published"]) == ("127.0.0.1", 2379, "2379")
+
+
+def test_worker_replicas_publish_no_fixed_host_port() -> None:
+    (port,) = resolved()["services"]["worker"]["ports"]
+    assert port["host_ip"] == "127.0.0.1" and port["target"] == 8081
+    assert not port.get("published")  # a free one per replica: --scale worker=3 works
+
+
+def test_the_adapters_job_declares_the_demo_adapters_for_every_worker() -> None:
+    job = resolved()["services"]["adapters"]
+    script = " ".join(job["command"])
+    assert "lorafleet lora apply" in script and "--replicas all" in script
+    assert job["depends_on"]["frontend"]["condition"] == "service_healthy"
+    assert job["environment"]["LOG_FORMAT"] == "json"
