@@ -94,13 +94,7 @@ def run_cluster(options: ClusterOptions) -> int:
             worker_urls.append(f"http://127.0.0.1:{port}")
         frontend_url = f"http://127.0.0.1:{options.http_port}"
         _wait_ready([frontend_url, *worker_urls], children)
-        state = ClusterState(
-            pid=os.getpid(), namespace=options.namespace, frontend_url=frontend_url,
-            worker_urls=worker_urls, nats_url=nats.url, etcd_env=etcd_settings.env(),
-            instance_ids=_own_instances(worker_urls, etcd_settings, options.namespace),
-        )  # fmt: skip
-        write_state(options.state_dir, state)
-        stack.callback(remove_state, options.state_dir)
+        _record_state(options, stack, worker_urls, nats.url, etcd_settings)
         _load_adapters(worker_urls, adapters)
         _print_next_steps(options, frontend_url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
@@ -111,6 +105,21 @@ def run_cluster(options: ClusterOptions) -> int:
         print("\nstopping lorafleet ...", flush=True)
     print("stopped: no process left, nothing left in etcd", flush=True)
     return 0
+
+
+def _record_state(
+    options: ClusterOptions, stack: ExitStack, worker_urls: list[str], nats_url: str,
+    etcd: EtcdSettings,
+) -> None:  # fmt: skip
+    """Write ``cluster.json`` once the workers proved their own; removed when ``stack`` ends."""
+    state = ClusterState(
+        pid=os.getpid(), namespace=options.namespace,
+        frontend_url=f"http://127.0.0.1:{options.http_port}", worker_urls=worker_urls,
+        nats_url=nats_url, etcd_env=etcd.env(),
+        instance_ids=_own_instances(worker_urls, etcd, options.namespace),
+    )  # fmt: skip
+    write_state(options.state_dir, state)
+    stack.callback(remove_state, options.state_dir)
 
 
 def _http_ports(options: ClusterOptions) -> dict[str, int]:
