@@ -77,6 +77,7 @@ test-chaos: $(STAMP)
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;
 # installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
 test-compose: $(STAMP)
+	$(VENV)/bin/python -m pip install -q -e '.[containers]'
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -x -s --timeout 3600 tests/compose/e2e_stack.py
 
 ifeq ($(ENGINE),vllm)

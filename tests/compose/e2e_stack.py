@@ -10,6 +10,8 @@ rules are removed when it stops. Each phase prints one line as it starts.
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from typing import Any, Final
 
 import httpx
 import pytest
+from compose_cli import REPO
 from dockerd import DockerEngine, ensure_packages, phase
 from standins import build_standins
 
@@ -30,6 +33,11 @@ BASE_MODEL: Final = "demo"
 ADAPTERS: Final = ("pirate", "robot")
 WORKERS: Final = 2
 ADMIN_TOKEN: Final = "compose-e2e-token"
+# Tests whose shared etcd and NATS come from testcontainers on the private engine.
+CONTAINER_TESTS: Final = (
+    "tests/discovery/test_lease.py", "tests/discovery/test_watch_cache.py",
+    "tests/worker/test_endpoint.py", "tests/worker/test_runtime.py",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,3 +146,18 @@ def test_the_fleet_loads_both_adapters_on_every_worker(stack: Stack) -> None:
         time.sleep(1)
     listed = models(stack)
     assert all(listed[name]["parent"] == BASE_MODEL for name in ADAPTERS)
+
+
+def test_discovery_and_worker_tests_pass_with_servers_from_testcontainers(
+    engine: DockerEngine,
+) -> None:
+    """The LORAFLEET_TEST_CONTAINERS=1 path of tests/conftest.py, on the private engine.
+
+    Ryuk (testcontainers' reaper) is off: its image is not among the stand-ins, and the
+    containers are stopped by their own context managers.
+    """
+    phase(f"the discovery and worker tests through testcontainers: {' '.join(CONTAINER_TESTS)}")
+    env = {**engine.env, "LORAFLEET_TEST_CONTAINERS": "1", "TESTCONTAINERS_RYUK_DISABLED": "true"}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *CONTAINER_TESTS]
+    result = subprocess.run(command, cwd=REPO, env=env, check=False)
+    assert result.returncode == 0
