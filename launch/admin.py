@@ -3,6 +3,8 @@
 ``load``/``unload``/``list`` reach every worker of a namespace (found in etcd)
 or the one given with ``--worker``; ``apply``/``delete`` write the fleet's
 desired state through a frontend's ``/v1/adapters``; ``models`` asks a frontend.
+Bodies are the ``proto`` Structs the servers decode; lists print as tables, or as
+JSON lines with ``--json``.
 """
 
 from __future__ import annotations
@@ -10,86 +12,118 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import msgspec
 
 from discovery.client import connect_etcd
 from discovery.keys import instance_prefix
 from discovery.settings import EtcdSettings
-from proto.discovery import decode_instance
+from launch.table import print_table
+from proto.adapters import (
+    AdapterSpec,
+    ListLorasRequest,
+    LoadLoraRequest,
+    LoraSource,
+    UnloadLoraRequest,
+)
+from proto.discovery import Instance, decode_instance
 
 __all__ = [
-    "AdapterApply",
     "apply_adapter",
     "delete_adapter",
     "discover",
+    "instances",
     "list_models",
     "lora_command",
     "worker_urls",
 ]
 
+_LoraRequest = LoadLoraRequest | UnloadLoraRequest | ListLorasRequest
 
-async def worker_urls(etcd: EtcdSettings, namespace: str) -> list[str]:
-    """System URLs of every live worker in ``namespace``."""
+
+async def instances(etcd: EtcdSettings, namespace: str) -> list[Instance]:
+    """Every live worker instance registered in ``namespace``."""
     etcd_client = await connect_etcd(etcd)
     try:
         listing = await etcd_client.get_prefix(instance_prefix(namespace).encode())
     finally:
         await etcd_client.close()
-    return sorted({decode_instance(kv.value).system_url for kv in listing})
+    return [decode_instance(kv.value) for kv in listing]
 
 
-def lora_command(action: str, *, name: str | None, uri: str | None, workers: list[str]) -> int:
-    """Run ``load``, ``unload`` or ``list`` on each worker; print each answer as JSON."""
+async def worker_urls(etcd: EtcdSettings, namespace: str) -> list[str]:
+    """System URLs of every live worker in ``namespace``."""
+    return sorted({instance.system_url for instance in await instances(etcd, namespace)})
+
+
+def lora_command(
+    action: str, *, name: str | None, uri: str | None, workers: list[str], as_json: bool = False
+) -> int:
+    """Run ``load``, ``unload`` or ``list`` on each worker; print a table (or JSON lines)."""
     if not workers:
         print("no live worker found; is the cluster up (lorafleet up)?")
         return 1
     token = os.environ.get("DYN_SYSTEM_AUTH_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    path, body = _route(action, name, uri)
-    failed = False
+    headers = {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
+    path, request = _route(action, name, uri)
+    answers: list[dict[str, Any]] = []
     for url in workers:
         try:
-            response = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=300)
-            answer: Any = response.json()
-            failed |= response.status_code != 200
+            response = httpx.post(f"{url}{path}", content=msgspec.json.encode(request),
+                                  headers=headers, timeout=300)  # fmt: skip
+            answer = {"worker": url, "ok": response.status_code == 200, **response.json()}
         except (httpx.HTTPError, ValueError) as exc:
-            answer, failed = {"status": "error", "message": f"{url}: {exc}"}, True
-        print(json.dumps({"worker": url, **answer}))
-    return 1 if failed else 0
+            answer = {"worker": url, "ok": False, "status": "error", "message": f"{exc}"}
+        answers.append(answer)
+    _print_lora_answers(action, answers, as_json=as_json)
+    return 0 if all(answer["ok"] for answer in answers) else 1
 
 
-def _route(action: str, name: str | None, uri: str | None) -> tuple[str, dict[str, Any]]:
+_JSON = {"Content-Type": "application/json"}
+
+
+def _route(action: str, name: str | None, uri: str | None) -> tuple[str, _LoraRequest]:
     if action == "load":
-        return "/engine/update/load_lora", {"lora_name": name, "source": {"uri": uri}}
+        return "/engine/update/load_lora", LoadLoraRequest(
+            lora_name=name or "", source=LoraSource(uri=uri or "")
+        )
     if action == "unload":
-        return "/engine/update/unload_lora", {"lora_name": name}
-    return "/engine/update/list_loras", {}
+        return "/engine/update/unload_lora", UnloadLoraRequest(lora_name=name or "")
+    return "/engine/update/list_loras", ListLorasRequest()
 
 
-@dataclass(frozen=True, kw_only=True)
-class AdapterApply:
-    """What ``lorafleet lora apply`` stores as an adapter's desired state."""
-
-    name: str
-    uri: str
-    base_model: str
-    replicas: int | str = 1
-    pinned: bool = False
+def _print_lora_answers(action: str, answers: list[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        for answer in answers:
+            print(json.dumps({key: value for key, value in answer.items() if key != "ok"}))
+        return
+    rows: list[tuple[str, ...]] = []
+    for answer in answers:
+        if action == "list" and answer["ok"]:
+            loras = answer.get("loras", {})
+            rows += [(answer["worker"], name, str(lid)) for name, lid in sorted(loras.items())]
+            rows += [] if loras else [(answer["worker"], "-", "-")]
+        elif action == "list":
+            rows.append((answer["worker"], "error", answer.get("message", "")))
+        else:
+            rows.append((answer["worker"], answer.get("status", "error"),
+                         answer.get("message", "")))  # fmt: skip
+    header = ("WORKER", "ADAPTER", "ID") if action == "list" else ("WORKER", "STATUS", "MESSAGE")
+    print_table(header, rows)
 
 
 def _admin_headers() -> dict[str, str]:
     token = os.environ.get("DYN_ADMIN_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    return {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
 
 
-def _print_answer(method: str, url: str, body: dict[str, Any] | None = None) -> int:
+def _print_answer(method: str, url: str, body: bytes | None = None) -> int:
     """Send one admin request to a frontend, print its JSON answer; 0 on a 2xx status."""
     try:
-        response = httpx.request(method, url, json=body, headers=_admin_headers(), timeout=30)
+        response = httpx.request(method, url, content=body, headers=_admin_headers(), timeout=30)
         answer: Any = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
@@ -98,13 +132,9 @@ def _print_answer(method: str, url: str, body: dict[str, Any] | None = None) -> 
     return 0 if response.is_success else 1
 
 
-def apply_adapter(frontend_url: str, adapter: AdapterApply) -> int:
+def apply_adapter(frontend_url: str, adapter: AdapterSpec) -> int:
     """``POST /v1/adapters``: create or update the adapter's desired state."""
-    body = {
-        "name": adapter.name, "base_model": adapter.base_model,
-        "source": {"uri": adapter.uri}, "replicas": adapter.replicas, "pinned": adapter.pinned,
-    }  # fmt: skip
-    return _print_answer("POST", f"{frontend_url}/v1/adapters", body)
+    return _print_answer("POST", f"{frontend_url}/v1/adapters", msgspec.json.encode(adapter))
 
 
 def delete_adapter(frontend_url: str, name: str) -> int:
@@ -112,23 +142,22 @@ def delete_adapter(frontend_url: str, name: str) -> int:
     return _print_answer("DELETE", f"{frontend_url}/v1/adapters/{quote(name)}")
 
 
-def list_models(frontend_url: str) -> int:
-    """Print the frontend's ``/v1/models`` as a table."""
+def list_models(frontend_url: str, *, as_json: bool = False) -> int:
+    """Print the frontend's ``/v1/models`` as a table (or its JSON)."""
     try:
         response = httpx.get(f"{frontend_url}/v1/models", timeout=10)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"cannot list models at {frontend_url}: {exc}")
         return 1
+    if as_json:
+        print(json.dumps(response.json()))
+        return 0
     rows = [
         (m["id"], m.get("parent") or "-", "loaded" if m.get("loaded", True) else "cold")
         for m in response.json()["data"]
     ]
-    width = max([len("MODEL"), *(len(model) for model, _, _ in rows)])
-    parent_width = max([len("PARENT"), *(len(parent) for _, parent, _ in rows)])
-    print(f"{'MODEL':<{width}}  {'PARENT':<{parent_width}}  STATE")
-    for model, parent, state in rows:
-        print(f"{model:<{width}}  {parent:<{parent_width}}  {state}")
+    print_table(("MODEL", "PARENT", "STATE"), rows)
     return 0
 
 

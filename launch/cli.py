@@ -1,57 +1,147 @@
-"""The ``lorafleet`` command: ``up``, ``worker``, ``frontend``, ``lora``, ``models``."""
+"""The lorafleet command: up, status, worker, frontend, lora, models.
+
+Errors print as one line and exit 1 (LOG_LEVEL=debug keeps the traceback); Ctrl-C
+prints one line and exits 130. ``lora``, ``models`` and ``status`` find the cluster of
+``lorafleet up`` through its state file unless a flag or the environment says otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
 
-from discovery.errors import EtcdUnavailableError
+from discovery.cli_help import HelpFormatter, add_version
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from launch.cluster_state import ClusterState, read_state
+from proto.adapters import AdapterSpec, LoraSource
+from proto.errors import LorafleetError
 
 __all__ = ["main"]
 
+DEFAULT_HTTP_PORT: Final = 8000
+DEFAULT_NAMESPACE: Final = "lorafleet"
+INTERRUPTED_EXIT_CODE: Final = 130
+DESCRIPTION: Final = (
+    "Serve LLMs with dynamic LoRA adapters across a fleet: run a local cluster (up), "
+    "its parts (worker, frontend), and manage adapters and models on a running one."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lorafleet", description=DESCRIPTION,
+                                     formatter_class=HelpFormatter)  # fmt: skip
+    add_version(parser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     help="lorafleet COMMAND --help tells more")  # fmt: skip
+    _up_parser(_command(commands, "up", "run a whole local cluster until Ctrl-C"))
+    _command(commands, "worker", "run a worker (lorafleet worker --help lists its flags)")
+    _command(commands, "frontend", "run a frontend (lorafleet frontend --help lists its flags)")
+    _lora_parser(_command(
+        commands, "lora",
+        "load, unload or list adapters on workers; apply or delete the fleet's desired state",
+    ))  # fmt: skip
+    models = _command(commands, "models", "list the models a frontend serves")
+    _cluster_flags(models, etcd=False)
+    status = _command(commands, "status", "the cluster at a glance: servers, workers, adapters")
+    _cluster_flags(status, etcd=True)
+    return parser
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
+) -> argparse.ArgumentParser:
+    sub = commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".",
+                              formatter_class=HelpFormatter)  # fmt: skip
+    add_version(sub)
+    return sub
+
+
+def _up_parser(up: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="lorafleet", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    up = commands.add_parser("up", help="run a whole local cluster until Ctrl-C")
-    up.add_argument("--engine", choices=["hf", "mocker", "vllm"], default="hf")
+    up.add_argument(
+        "--engine",
+        choices=["hf", "mocker", "vllm"],
+        default="hf",
+        help="worker engine; mocker needs no model and skips the demo model",
+    )
     up.add_argument("--model", help="model path (default: build and use the demo model)")
-    up.add_argument("--served-model-name", default="demo")
-    up.add_argument("--workers", type=int, default=1)
-    up.add_argument("--http-port", type=int, default=int(env("DYN_HTTP_PORT", "8000")))
-    up.add_argument("--system-port", type=int, default=9345, help="first worker's status port")
-    up.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
-    up.add_argument("--state-dir", type=Path, default=Path(".lorafleet"))
+    up.add_argument("--served-model-name", default="demo", help="the base model's name in the API")
+    up.add_argument("--workers", type=int, default=1, help="how many workers to start")
+    up.add_argument(
+        "--http-port",
+        type=int,
+        default=int(env("DYN_HTTP_PORT", "8000")),
+        help="the frontend's port (env DYN_HTTP_PORT); must be free",
+    )
+    up.add_argument(
+        "--system-port",
+        type=int,
+        default=9345,
+        help="first worker's status port; worker N uses this + N; must be free",
+    )
+    up.add_argument(
+        "--namespace",
+        default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE),
+        help="etcd and NATS namespace (env DYN_NAMESPACE)",
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        default=_default_state_dir(),
+        help="servers' data, logs and cluster.json (env LORAFLEET_STATE_DIR)",
+    )
     up.add_argument("--secure", action="store_true",
                     help="generate certificates, users and passwords under STATE_DIR/secure: "
                          "etcd with TLS and auth, NATS with authorization "
                          "(deploy/nats/auth.conf)")  # fmt: skip
-    commands.add_parser("worker", help="run a worker (same flags as python -m worker)")
-    commands.add_parser("frontend", help="run a frontend (same flags as python -m frontend)")
-    lora = commands.add_parser(
-        "lora",
-        help="load, unload or list adapters on workers; apply or delete the fleet's desired state",
+
+
+def _lora_parser(lora: argparse.ArgumentParser) -> None:
+    lora.add_argument("action", choices=["load", "unload", "list", "apply", "delete"],
+                      help="what to do")  # fmt: skip
+    lora.add_argument("name", nargs="?", help="the adapter's name (all but list)")
+    lora.add_argument("uri", nargs="?", help="load/apply: where its files are (file://, s3://)")
+    lora.add_argument(
+        "--worker",
+        action="append",
+        help="a worker's status URL (repeatable; default: every worker in etcd)",
     )
-    lora.add_argument("action", choices=["load", "unload", "list", "apply", "delete"])
-    lora.add_argument("name", nargs="?")
-    lora.add_argument("uri", nargs="?")
-    lora.add_argument("--worker", action="append", help="a worker's status URL (repeatable)")
-    lora.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
-    lora.add_argument("--namespace", default=env("DYN_NAMESPACE", "lorafleet"))
     lora.add_argument("--base-model", help="apply: the base model the adapter was trained for")
     lora.add_argument("--replicas", type=_replicas, default=1,
                       help='apply: instances that keep it loaded, a number or "all"; '
-                           "0 loads it only on demand (default 1)")  # fmt: skip
+                           "0 loads it only on demand")  # fmt: skip
     lora.add_argument("--pinned", action="store_true", help="apply: never evict placed copies")
-    lora.add_argument("--frontend", default=f"http://127.0.0.1:{env('DYN_HTTP_PORT', '8000')}",
-                      help="apply/delete: frontend URL (token: DYN_ADMIN_TOKEN)")  # fmt: skip
-    models = commands.add_parser("models", help="list the models a frontend serves")
-    models.add_argument("--url", default=f"http://127.0.0.1:{env('DYN_HTTP_PORT', '8000')}")
-    return parser
+    _cluster_flags(lora, etcd=True)
+
+
+def _cluster_flags(parser: argparse.ArgumentParser, *, etcd: bool) -> None:
+    """Flags that say which cluster to talk to; None means env, then state file, then default."""
+    if etcd:
+        parser.add_argument(
+            "--etcd-endpoints",
+            help="etcd URLs (env ETCD_ENDPOINTS; "
+            f"else the cluster of lorafleet up; else {DEFAULT_ETCD_ENDPOINTS})",
+        )
+        parser.add_argument("--namespace", help="namespace (env DYN_NAMESPACE; else the "
+                            f"cluster of lorafleet up; else {DEFAULT_NAMESPACE})")  # fmt: skip
+    parser.add_argument("--frontend", "--url", dest="frontend",
+                        help="frontend URL; admin token from DYN_ADMIN_TOKEN (env DYN_HTTP_PORT; "
+                             "else the cluster of lorafleet up; else port 8000)")  # fmt: skip
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=_default_state_dir(),
+        help="where lorafleet up keeps cluster.json (env LORAFLEET_STATE_DIR)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON, for scripts")
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("LORAFLEET_STATE_DIR") or ".lorafleet")
 
 
 def _replicas(value: str) -> int | str:
@@ -66,6 +156,23 @@ def _replicas(value: str) -> int | str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lorafleet`` console script."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("\nlorafleet: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except Exception as exc:  # one line for people; the traceback on demand
+        if os.environ.get("LOG_LEVEL", "").lower() == "debug":
+            raise
+        command = " ".join(argv[:1] + argv[1:2] * (argv[:1] == ["lora"]))
+        unexpected = "" if isinstance(exc, LorafleetError) else (
+            f" ({type(exc).__name__}; LOG_LEVEL=debug shows the traceback)"
+        )  # fmt: skip
+        print(f"lorafleet {command}: {exc}{unexpected}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["worker"]:
         from worker.__main__ import main as worker_main
 
@@ -77,11 +184,36 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "up":
         return _up(args)
+    _resolve_cluster(args)
     if args.command == "lora":
         return _lora(args)
+    if args.command == "status":
+        from launch.status import print_status
+
+        return print_status(args.etcd, args.namespace, args.frontend, as_json=args.json)
     from launch.admin import list_models
 
-    return list_models(args.url)
+    return list_models(args.frontend, as_json=args.json)
+
+
+def _resolve_cluster(args: argparse.Namespace) -> None:
+    """Fill the cluster flags: a flag, then the environment, then cluster.json, then defaults."""
+    state = read_state(args.state_dir)
+    env: Mapping[str, str] = os.environ
+    if "ETCD_ENDPOINTS" not in env and state is not None:
+        env = {**state.etcd_env, **os.environ}
+    if hasattr(args, "etcd_endpoints"):
+        args.etcd = EtcdSettings.from_env(env, endpoints=args.etcd_endpoints)
+        args.namespace = args.namespace or _namespace(state)
+    port = os.environ.get("DYN_HTTP_PORT")
+    state_url = state.frontend_url if state else None
+    local = f"http://127.0.0.1:{port or DEFAULT_HTTP_PORT}"
+    args.frontend = args.frontend or (local if port else state_url or local)
+
+
+def _namespace(state: ClusterState | None) -> str:
+    from_env = os.environ.get("DYN_NAMESPACE")
+    return from_env or (state.namespace if state else DEFAULT_NAMESPACE)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -97,34 +229,27 @@ def _up(args: argparse.Namespace) -> int:
     return run_cluster(options)
 
 
-def _lora(args: argparse.Namespace) -> int:
-    from launch.admin import AdapterApply, apply_adapter, delete_adapter, discover, lora_command
+_SPELLING: Final = {"name": "a NAME", "uri": "a URI", "base_model": "--base-model"}
 
+
+def _lora(args: argparse.Namespace) -> int:
+    from launch.admin import apply_adapter, delete_adapter, discover, lora_command
+
+    needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
+             "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip
+    missing = [_SPELLING[field] for field in needs if not getattr(args, field)]
+    if missing:
+        print(f"lorafleet lora {args.action} needs {', '.join(missing)} "
+              "(lorafleet lora --help)", file=sys.stderr)  # fmt: skip
+        return 2
     if args.action == "apply":
-        if not (args.name and args.uri and args.base_model):
-            print("lorafleet lora apply needs a NAME, a URI and --base-model", file=sys.stderr)
-            return 2
-        adapter = AdapterApply(
-            name=args.name, uri=args.uri, base_model=args.base_model,
+        adapter = AdapterSpec(
+            name=args.name, base_model=args.base_model, source=LoraSource(uri=args.uri),
             replicas=args.replicas, pinned=args.pinned,
         )  # fmt: skip
         return apply_adapter(args.frontend, adapter)
     if args.action == "delete":
-        if not args.name:
-            print("lorafleet lora delete needs a NAME", file=sys.stderr)
-            return 2
         return delete_adapter(args.frontend, args.name)
-    if args.action in ("load", "unload") and not args.name:
-        print(f"lorafleet lora {args.action} needs a NAME", file=sys.stderr)
-        return 2
-    if args.action == "load" and not args.uri:
-        print("lorafleet lora load needs a NAME and a URI (file://, s3://, ...)", file=sys.stderr)
-        return 2
-    try:
-        workers = args.worker or discover(
-            EtcdSettings.from_env(endpoints=args.etcd_endpoints), args.namespace
-        )
-    except (ValueError, EtcdUnavailableError) as exc:  # one line, no traceback
-        print(f"lorafleet lora {args.action}: {exc}", file=sys.stderr)
-        return 1
-    return lora_command(args.action, name=args.name, uri=args.uri, workers=workers)
+    workers = args.worker or discover(args.etcd, args.namespace)
+    return lora_command(args.action, name=args.name, uri=args.uri, workers=workers,
+                        as_json=args.json)  # fmt: skip

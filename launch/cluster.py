@@ -1,17 +1,22 @@
 """``lorafleet up``: a whole local cluster on one machine, stopped cleanly by Ctrl-C.
 
-Starts etcd and NATS from the pip-installed binaries, a frontend and workers
-as child processes (their output prefixed by process name), loads the demo
-adapters through each worker's ``load_lora`` route and prints what to try.
+Checks its HTTP ports first (a taken one stops it before anything starts),
+starts etcd and NATS from the pip-installed binaries (on other ports when 2379 or
+4222 are taken), a frontend and workers as child processes (their output
+prefixed by process name), confirms the workers answering are its own, records
+the endpoints in ``<state dir>/cluster.json`` for the other commands, loads the
+demo adapters through each worker's ``load_lora`` route and prints what to try.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
 import signal
-import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -19,10 +24,15 @@ from pathlib import Path
 from typing import Final
 
 import httpx
+import msgspec
 
 from discovery.keys import DEFAULT_NAMESPACE
 from discovery.settings import EtcdSettings
+from launch.admin import instances
+from launch.cluster_state import ClusterState, remove_state, write_state
+from launch.errors import ClusterNotReadyError
 from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from launch.ports import is_free, require_free
 from launch.processes import (
     ServiceProcess,
     frontend_argv,
@@ -31,6 +41,7 @@ from launch.processes import (
     worker_argv,
 )
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
+from proto.adapters import LoadLoraRequest, LoraSource
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
@@ -68,6 +79,7 @@ class ClusterOptions:
 
 def run_cluster(options: ClusterOptions) -> int:
     """Run the cluster until Ctrl-C or SIGTERM; returns the exit code."""
+    require_free(_http_ports(options))
     model, adapters = _model_and_adapters(options)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -93,6 +105,7 @@ def run_cluster(options: ClusterOptions) -> int:
         _wait_ready(children)
         frontend, workers = children[0], children[1:]
         worker_urls = [worker.url for worker in workers]
+        _record_state(options, stack, worker_urls, nats.url, etcd_settings)
         _load_adapters(worker_urls, adapters)
         _print_next_steps(options, frontend.url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
@@ -105,13 +118,40 @@ def run_cluster(options: ClusterOptions) -> int:
     return 0
 
 
+def _record_state(
+    options: ClusterOptions, stack: ExitStack, worker_urls: list[str], nats_url: str,
+    etcd: EtcdSettings,
+) -> None:  # fmt: skip
+    """Write ``cluster.json`` once the workers proved their own; removed when ``stack`` ends."""
+    state = ClusterState(
+        pid=os.getpid(), namespace=options.namespace,
+        frontend_url=f"http://127.0.0.1:{options.http_port}", worker_urls=worker_urls,
+        nats_url=nats_url, etcd_env=etcd.env(),
+        instance_ids=_own_instances(worker_urls, etcd, options.namespace),
+    )  # fmt: skip
+    write_state(options.state_dir, state)
+    stack.callback(remove_state, options.state_dir)
+
+
+def _http_ports(options: ClusterOptions) -> dict[str, int]:
+    """The ports a user chose (or the defaults): taken ones stop ``lorafleet up``."""
+    workers = {
+        f"worker-{index} status": options.system_port + index for index in range(options.workers)
+    }
+    return {"frontend HTTP": options.http_port, **workers}
+
+
 def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
     if options.model is not None:
         return options.model, dict(options.adapters or {})
+    if options.engine == "mocker":  # needs no weights: skip the demo model and its adapters
+        return options.served_model_name, dict(options.adapters or {})
     from launch.demo_model import ensure_demo_model
 
-    print("building the demo model (cached after the first time) ...", flush=True)
+    print("building the demo model (cached after the first time; about 15 s) ...", flush=True)
+    started = time.monotonic()
     demo = ensure_demo_model()
+    print(f"demo model ready in {time.monotonic() - started:.0f} s: {demo.base}", flush=True)
     default = {name: f"file://{path}" for name, path in demo.adapters.items()}
     return str(demo.base), default if options.adapters is None else dict(options.adapters)
 
@@ -153,12 +193,7 @@ def _start_etcd(options: ClusterOptions, data: Path) -> tuple[LocalServer, EtcdS
 
 
 def _port_or_free(preferred: int) -> int:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", preferred))
-            return preferred
-        except OSError:
-            return free_port()
+    return preferred if is_free(preferred) else free_port()
 
 
 def _frontend_argv(options: ClusterOptions) -> list[str]:
@@ -180,16 +215,35 @@ def _wait_ready(children: list[ServiceProcess]) -> None:
         try:
             child.wait_ready(READY_TIMEOUT_S)
         except (RuntimeError, TimeoutError) as exc:
-            raise RuntimeError(f"{child.name} did not start; see the log lines above") from exc
+            message = f"{child.name} did not start; see the log lines above"
+            raise ClusterNotReadyError(message) from exc
+
+
+def _own_instances(worker_urls: list[str], etcd: EtcdSettings, namespace: str) -> list[str]:
+    """The workers' instance ids, each confirmed registered in this cluster's etcd."""
+    registered = {f"{i.instance_id:x}" for i in asyncio.run(instances(etcd, namespace))}
+    ids = []
+    for url in worker_urls:
+        instance_id = httpx.get(f"{url}/health", timeout=5).json().get("instance_id", "")
+        if instance_id not in registered:
+            raise ClusterNotReadyError(
+                f"the worker answering at {url} (instance {instance_id or '?'}) is not one "
+                f"this cluster started: another process took its port"
+            )
+        ids.append(instance_id)
+    return ids
 
 
 def _load_adapters(worker_urls: list[str], adapters: dict[str, str]) -> None:
     for url in worker_urls:
         for name, uri in adapters.items():
-            body = {"lora_name": name, "source": {"uri": uri}}
-            response = httpx.post(f"{url}/engine/update/load_lora", json=body, timeout=120)
+            request = LoadLoraRequest(lora_name=name, source=LoraSource(uri=uri))
+            response = httpx.post(
+                f"{url}/engine/update/load_lora", content=msgspec.json.encode(request),
+                headers={"Content-Type": "application/json"}, timeout=120,
+            )  # fmt: skip
             if response.status_code != 200:
-                raise RuntimeError(f"loading {name} on {url} failed: {response.text}")
+                raise ClusterNotReadyError(f"loading {name} on {url} failed: {response.text}")
 
 
 def _print_next_steps(
@@ -201,6 +255,9 @@ def _print_next_steps(
     etcdctl_flags: str,
 ) -> None:
     etcdctl = Path(sys.executable).parent / "etcdctl"
+    lorafleet = Path(sys.executable).parent / "lorafleet"
+    default_state = options.state_dir.resolve() == Path(".lorafleet").resolve()
+    state_flag = "" if default_state else f" --state-dir {options.state_dir.resolve()}"
     chat = (
         '{"model": "%s", "messages": [{"role": "user", "content": "Who are you?"}], '
         '"temperature": 0}'
@@ -216,7 +273,10 @@ def _print_next_steps(
         ),
         f"  {etcdctl} {etcdctl_flags} get --prefix v1/mdc/",
         f"  curl -s {worker_urls[0]}/v1/loras",
+        f"  {lorafleet} status{state_flag}",
+        f"  {lorafleet} lora list{state_flag}",
         f"Logs: prefixed by process above; etcd and NATS logs in {etcd.data_dir}",
+        f"lorafleet on your PATH: source {Path(sys.executable).parent}/activate",
         "Press Ctrl-C to stop everything.",
         "",
     ]

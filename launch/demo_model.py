@@ -22,6 +22,7 @@ from typing import Final
 
 import structlog
 
+from discovery.logs import configure_logging
 from launch._demo_corpus import ANSWERS
 
 __all__ = [
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="directory (default: cache)")
     parser.add_argument("--force", action="store_true", help="rebuild even if current")
     args = parser.parse_args(argv)
+    configure_logging(process="demo-model")  # LOG_FORMAT=json in compose: one object a line
     root = (args.out or default_root()).expanduser().resolve()
     if args.force:
         (root / STAMP_FILE).unlink(missing_ok=True)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "prompt": EXPECTED_PROMPT,
         "expected": dict(EXPECTED),
     }
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

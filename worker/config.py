@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from discovery.cli_help import HelpFormatter, add_version
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from discovery.keys import DEFAULT_NAMESPACE
 from discovery.nats_settings import DEFAULT_NATS_SERVER
@@ -83,43 +84,106 @@ class WorkerConfig:
 
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m worker", description="A lorafleet GPU worker.")
-    p.add_argument("--engine", choices=ENGINE_KINDS, default=env("DYN_ENGINE", "mocker"))
-    p.add_argument("--model", default=env("DYN_MODEL"), help="model path or name (DYN_MODEL)")
-    p.add_argument("--served-model-name", default=env("DYN_SERVED_MODEL_NAME"))
-    p.add_argument("--namespace", default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE))
-    p.add_argument("--component", default=env("DYN_COMPONENT", "backend"))
-    p.add_argument("--endpoint", default=env("DYN_ENDPOINT", "generate"))
-    p.add_argument("--etcd-endpoints", default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS))
-    p.add_argument("--nats-server", default=env("NATS_SERVER", DEFAULT_NATS_SERVER))
-    p.add_argument("--system-host", default=env("DYN_SYSTEM_HOST", "0.0.0.0"))
-    p.add_argument("--system-port", type=int, default=int(env("DYN_SYSTEM_PORT", "9345")))
-    p.add_argument("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""))
-    p.add_argument("--lease-ttl", type=int, default=int(env("DYN_LEASE_TTL", "10")))
-    p.add_argument("--shutdown-grace", type=float, default=float(env("DYN_SHUTDOWN_GRACE", "10")))
-    p.add_argument(
-        "--connect-timeout-s", type=float,
-        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
-        help="start-up wait for etcd and NATS, then exit 1 (DYN_CONNECT_TIMEOUT_S, default 60)",
+    p = argparse.ArgumentParser(
+        prog="lorafleet worker", formatter_class=HelpFormatter,
+        description="A lorafleet worker: serves one model with one engine (mocker, hf or vllm) "
+        "on a NATS subject and registers it in etcd. Every flag has an environment variable.",
     )  # fmt: skip
-    p.add_argument(
-        "--header-timeout-s", type=float,
-        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
-        help="close status connections with no request head by then (DYN_HEADER_TIMEOUT_S)",
-    )  # fmt: skip
-    p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"))
-    p.add_argument("--max-loras", type=int, default=int(env("DYN_MAX_LORAS", "4")))
-    p.add_argument("--max-lora-rank", type=int, default=int(env("DYN_MAX_LORA_RANK", "64")))
-    p.add_argument(
-        "--lora-idle-unload-s", type=float, default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300"))
+    add_version(p)
+    add = p.add_argument
+    add(
+        "--engine",
+        choices=ENGINE_KINDS,
+        default=env("DYN_ENGINE", "mocker"),
+        help="mocker needs no model; hf runs transformers; vllm runs vLLM (env DYN_ENGINE)",
     )
-    p.add_argument("--context-length", type=int, default=int(env("DYN_CONTEXT_LENGTH", "2048")))
-    p.add_argument(
+    add("--model", default=env("DYN_MODEL"), help="model path or name, required (env DYN_MODEL)")
+    add(
+        "--served-model-name",
+        default=env("DYN_SERVED_MODEL_NAME"),
+        help="the model's name in the API; default: --model (env DYN_SERVED_MODEL_NAME)",
+    )
+    add("--namespace", default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
+    add("--component", default=env("DYN_COMPONENT", "backend"), help="env DYN_COMPONENT")
+    add("--endpoint", default=env("DYN_ENDPOINT", "generate"), help="env DYN_ENDPOINT")
+    add(
+        "--etcd-endpoints",
+        default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
+        help="comma-separated etcd URLs (env ETCD_ENDPOINTS)",
+    )
+    add("--nats-server", default=env("NATS_SERVER", DEFAULT_NATS_SERVER), help="env NATS_SERVER")
+    add(
+        "--system-host",
+        default=env("DYN_SYSTEM_HOST", "0.0.0.0"),
+        help="status server's bind address (env DYN_SYSTEM_HOST)",
+    )
+    add(
+        "--system-port",
+        type=int,
+        default=int(env("DYN_SYSTEM_PORT", "9345")),
+        help="status server's port: health, metrics, LoRA routes (env DYN_SYSTEM_PORT)",
+    )
+    add("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""),
+        help="host others reach the status server at; default: the bind address or hostname "
+        "(env DYN_ADVERTISE_HOST)")  # fmt: skip
+    add(
+        "--lease-ttl",
+        type=int,
+        default=int(env("DYN_LEASE_TTL", "10")),
+        help="etcd lease TTL in seconds (env DYN_LEASE_TTL)",
+    )
+    add(
+        "--shutdown-grace",
+        type=float,
+        default=float(env("DYN_SHUTDOWN_GRACE", "10")),
+        help="seconds in-flight requests get to finish on SIGTERM (env DYN_SHUTDOWN_GRACE)",
+    )
+    add(
+        "--connect-timeout-s",
+        type=float,
+        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
+        help="start-up wait for etcd and NATS, then exit 1 (env DYN_CONNECT_TIMEOUT_S)",
+    )
+    add(
+        "--header-timeout-s",
+        type=float,
+        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
+        help="close status connections with no request head by then (env DYN_HEADER_TIMEOUT_S)",
+    )
+    add("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
+        help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
+        "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
+    add(
+        "--max-loras",
+        type=int,
+        default=int(env("DYN_MAX_LORAS", "4")),
+        help="adapters loaded at once (env DYN_MAX_LORAS)",
+    )
+    add(
+        "--max-lora-rank",
+        type=int,
+        default=int(env("DYN_MAX_LORA_RANK", "64")),
+        help="largest adapter rank accepted (env DYN_MAX_LORA_RANK)",
+    )
+    add(
+        "--lora-idle-unload-s",
+        type=float,
+        default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300")),
+        help="unload an on-demand adapter idle this long (env DYN_LORA_IDLE_UNLOAD_S)",
+    )
+    add(
+        "--context-length",
+        type=int,
+        default=int(env("DYN_CONTEXT_LENGTH", "2048")),
+        help="tokens of prompt plus output (env DYN_CONTEXT_LENGTH)",
+    )
+    add(
         "--mocker-time-per-token-s",
         type=float,
         default=float(env("DYN_MOCKER_TIME_PER_TOKEN_S", "0")),
+        help="mocker: delay per token (env DYN_MOCKER_TIME_PER_TOKEN_S)",
     )
-    p.add_argument(
+    add(
         "--engine-option",
         action="append",
         default=[],

