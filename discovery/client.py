@@ -57,6 +57,8 @@ _TLS_HINT: Final = (
 )
 _ROLE_HINT: Final = f"the etcd role of ETCD_AUTH_USERNAME (it needs readwrite on {KEYS_ROOT})"
 _TLS_MARKERS: Final = ("ssl", "tls", "handshake", "certificate")
+_TRANSIENT_TLS_TEXT: Final = "endpoint closing"
+"""A handshake cut off by a closing socket (a loaded or starting etcd): worth retrying."""
 _STALE_TOKEN_TEXT: Final = "invalid auth token"
 _NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
 _OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
@@ -177,6 +179,8 @@ class EtcdClient(aetcd.Client):
             return _CREDENTIALS_HINT
         if code is grpc.StatusCode.PERMISSION_DENIED or "permission denied" in reason:
             return _ROLE_HINT
+        if _TRANSIENT_TLS_TEXT in reason:
+            return None
         if self.settings.tls and any(marker in reason for marker in _TLS_MARKERS):
             return _TLS_HINT
         return None
