@@ -100,9 +100,10 @@ up: $(STAMP)
 endif
 
 # compose.secure.yaml's passwords and tokens, generated once into a git-ignored env file
-# (kept when it exists: etcd's volume holds the first ones). See docs/compose.md.
-secrets: $(STAMP)
-	$(VENV)/bin/python -m launch.compose_secrets
+# (kept when it exists: etcd's volume holds the first ones). Standard library only: no
+# venv needed. See docs/compose.md.
+secrets:
+	$(PYTHON) -m launch.compose_secrets
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
