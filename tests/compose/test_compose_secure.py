@@ -59,7 +59,7 @@ def test_nats_runs_with_the_authorization_config() -> None:
     assert nats["environment"]["LORAFLEET_NATS_SUBJECTS"] == "lorafleet.>"
 
 
-def test_etcd_auth_job_runs_before_everything_else() -> None:
+def test_etcd_auth_job_waits_for_etcd_and_creates_root() -> None:
     services = _project(None)["services"]
     job = services["etcd-auth"]
     assert job["environment"]["ETCD_ROOT_PASSWORD"] == SECRETS["LORAFLEET_ETCD_ROOT_PASSWORD"]
