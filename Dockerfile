@@ -58,3 +58,11 @@ COPY . /app
 RUN pip install --no-deps /app
 USER lorafleet
 CMD ["python", "-m", "worker"]
+
+# compose.secure.yaml's one-shot etcd-auth service: launch/etcd_auth_job.py drives etcdctl,
+# taken from the etcd image (which has no shell to run the steps itself).
+FROM quay.io/coreos/etcd:v3.5.17 AS etcd-image
+
+FROM slim AS etcd-auth
+COPY --from=etcd-image /usr/local/bin/etcdctl /usr/local/bin/etcdctl
+CMD ["python", "-m", "launch.etcd_auth_job"]

@@ -32,7 +32,7 @@ GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 GPU_EXTRAS := servers,s3,hf,vllm
 
-.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv gpu-venv promtool clean
+.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv gpu-venv promtool secrets clean
 
 venv: $(STAMP)
 
@@ -98,6 +98,12 @@ else
 up: $(STAMP)
 	$(VENV)/bin/lorafleet up --engine $(ENGINE) $(UP_FLAGS)
 endif
+
+# compose.secure.yaml's passwords and tokens, generated once into a git-ignored env file
+# (kept when it exists: etcd's volume holds the first ones). Standard library only: no
+# venv needed. See docs/compose.md.
+secrets:
+	$(PYTHON) -m launch.compose_secrets
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

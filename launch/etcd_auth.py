@@ -6,15 +6,18 @@ never on a command line that ``ps`` would show.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from discovery.keys import KEYS_ROOT
 from launch.local_servers import find_binary
-from launch.tls_files import TlsFiles
 
-__all__ = ["EtcdUser", "enable_etcd_auth"]
+if TYPE_CHECKING:  # cryptography stays out of the etcd-auth image, which only runs etcdctl
+    from launch.tls_files import TlsFiles
+
+__all__ = ["EtcdUser", "auth_enabled", "enable_etcd_auth"]
 
 _ETCDCTL_TIMEOUT_S: Final = 30
 
@@ -42,7 +45,19 @@ def enable_etcd_auth(
     _etcdctl(endpoints, tls, ["auth", "enable"])
 
 
-def _etcdctl(endpoints: str, tls: TlsFiles | None, args: list[str], stdin: str = "") -> None:
+def auth_enabled(endpoints: str, *, root_password: str, tls: TlsFiles | None = None) -> bool:
+    """Whether etcd already has authentication on; asked as root, who may ask either way."""
+    root = {"ETCDCTL_USER": "root", "ETCDCTL_PASSWORD": root_password}  # not on a command line
+    return "Authentication Status: true" in _etcdctl(endpoints, tls, ["auth", "status"], env=root)
+
+
+def _etcdctl(
+    endpoints: str,
+    tls: TlsFiles | None,
+    args: list[str],
+    stdin: str = "",
+    env: dict[str, str] | None = None,
+) -> str:
     command = [str(find_binary("etcdctl")), f"--endpoints={endpoints}", *args]
     if tls is not None:
         command += [
@@ -51,9 +66,21 @@ def _etcdctl(endpoints: str, tls: TlsFiles | None, args: list[str], stdin: str =
             f"--key={tls.client_key}",
         ]
     done = subprocess.run(
-        command, input=stdin + "\n", capture_output=True, text=True, timeout=_ETCDCTL_TIMEOUT_S
+        command,
+        input=stdin + "\n",
+        capture_output=True,
+        text=True,
+        timeout=_ETCDCTL_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"etcdctl {' '.join(args[:2])} at {endpoints} failed: {done.stderr.strip()}"
+            f"etcdctl {' '.join(args[:2])} at {endpoints} failed: {_last_line(done.stderr)}"
         )
+    return done.stdout
+
+
+def _last_line(stderr: str) -> str:
+    """etcdctl's own error line; the client's JSON retry logs come before it."""
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else "no output"

@@ -22,6 +22,7 @@ __all__ = [
     "NATS_ROLES",
     "NatsCredentials",
     "nats_credentials",
+    "new_password",
     "start_secure_nats",
 ]
 
@@ -58,11 +59,16 @@ def nats_credentials(state_dir: Path) -> NatsCredentials:
     if path.exists():
         return NatsCredentials(json.loads(path.read_text()))
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    passwords = {role: _PASSWORD_PREFIX + secrets.token_hex(_PASSWORD_BYTES) for role in NATS_ROLES}
+    passwords = {role: new_password() for role in NATS_ROLES}
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
         json.dump(passwords, file)
     return NatsCredentials(passwords)
+
+
+def new_password() -> str:
+    """A fresh password that nats-server, Compose env files and shells all take as it is."""
+    return _PASSWORD_PREFIX + secrets.token_hex(_PASSWORD_BYTES)
 
 
 def start_secure_nats(

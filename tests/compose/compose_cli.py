@@ -13,6 +13,7 @@ from typing import Any, Final
 REPO: Final = Path(__file__).resolve().parents[2]
 COMPOSE_FILE: Final = REPO / "compose.yaml"
 HA_FILE: Final = REPO / "compose.ha.yaml"
+SECURE_FILE: Final = REPO / "compose.secure.yaml"
 ADMIN_TOKEN: Final = "compose-test-token"
 """compose.yaml requires DYN_ADMIN_TOKEN; every check sets this one unless told not to."""
 
