@@ -78,6 +78,7 @@ promtool:
 test: $(STAMP) promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
@@ -102,6 +103,7 @@ endif
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
