@@ -110,4 +110,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache
