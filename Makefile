@@ -78,6 +78,7 @@ promtool:
 test: $(STAMP) promtool
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
@@ -108,10 +109,11 @@ secrets:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache

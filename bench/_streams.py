@@ -99,7 +99,7 @@ def _answer(body: bytes) -> Answer | None:
     if any("error" in event for event in events):
         return None
     text = "".join(_content(event) for event in events)
-    usage = next((event["usage"] for event in events if event.get("usage")), {})
+    usage: dict[str, Any] = next((e["usage"] for e in events if e.get("usage")), {})
     return Answer(text, usage.get("prompt_tokens", -1), usage.get("completion_tokens", -1))
 
 

@@ -157,7 +157,7 @@ async def leader_kill(rounds: int, lease_ttl_s: int, concurrency: int) -> dict[s
         probing.cancel()
         after = await _records(etcd, "v1/")
         await etcd.close()
-        failures = sum(w.log_path.read_text().count("keep-alive failed") for w in workers)
+        failures = sum(w.log_text().count("keep-alive failed") for w in workers)
     return {"kills": kills, "requests": traffic.sent, "failed": traffic.failed,
             "records_unchanged": before == after, "records": len(before),
             "worker_keepalive_failures": failures}  # fmt: skip

@@ -8,7 +8,7 @@ client ``forget()``s it when etcd calls it invalid, and the next call authentica
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import Any, TypeAlias
 
 import grpc
@@ -99,12 +99,12 @@ class TokenInterceptor(
 
     async def intercept_stream_unary(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: AsyncIterable[Any],
+        request_iterator: AsyncIterable[Any] | Iterable[Any],
     ) -> Any:  # fmt: skip
         return await continuation(await self._details(client_call_details), request_iterator)
 
     async def intercept_stream_stream(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: AsyncIterable[Any],
+        request_iterator: AsyncIterable[Any] | Iterable[Any],
     ) -> Any:  # fmt: skip
         return await continuation(await self._details(client_call_details), request_iterator)

@@ -60,7 +60,7 @@ def resolve_host(host: str, port: int) -> list[str]:
         ip = ipaddress.ip_address(host)
     except ValueError:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return list(dict.fromkeys(_address(info[4][0], port) for info in infos))
+        return list(dict.fromkeys(_address(str(info[4][0]), port) for info in infos))
     return [_address(str(ip), port)]
 
 

@@ -12,7 +12,7 @@ import contextlib
 import re
 import time
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Final
 
 import aetcd
 import grpc
@@ -64,8 +64,11 @@ _NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
 _OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
 
 
-class EtcdClient(aetcd.Client):
+class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: its Client is Any
     """An ``aetcd.Client`` on our channel (members, TLS, token); errors name its endpoints."""
+
+    channel: grpc.aio.Channel
+    _watcher: watcher.Watcher
 
     def __init__(
         self, settings: EtcdSettings, *, timeout_s: int = ETCD_OP_TIMEOUT_S,
@@ -84,7 +87,7 @@ class EtcdClient(aetcd.Client):
         self._no_member_answers = False
         self._resolved_at_s = 0.0
         self._connect_lock = asyncio.Lock()
-        self._retired: list[tuple[Any, Any]] = []
+        self._retired: list[tuple[grpc.aio.Channel, watcher.Watcher]] = []
 
     async def connect(self) -> None:
         """Open the channel and its stubs; a new channel when the members' names moved.
@@ -199,7 +202,7 @@ class EtcdClient(aetcd.Client):
         )
         try:
             async for reply in call:
-                return reply.TTL
+                return int(reply.TTL)
             return 0
         finally:
             call.cancel()

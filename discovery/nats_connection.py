@@ -39,7 +39,7 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-NATS_CONNECT_TIMEOUT_S: Final = 2.0
+NATS_CONNECT_TIMEOUT_S: Final = 2
 NATS_RECONNECT_CAP_S: Final = 2.0
 """Longest wait between reconnect tries, so a returning server is used within ~2 s."""
 NATS_PING_INTERVAL_S: Final = 5

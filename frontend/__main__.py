@@ -165,8 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvicorn.Config(
             app, host=config.http_host, port=config.http_port, loop="uvloop",
             http=with_header_timeout(config.header_timeout_s), lifespan="on", access_log=False,
-            log_config=None, timeout_graceful_shutdown=config.shutdown_grace_s,
-            server_header=False,
+            log_config=None, server_header=False,
+            # uvicorn types it int, yet hands it to asyncio.wait_for: fractions work.
+            timeout_graceful_shutdown=config.shutdown_grace_s,  # type: ignore[arg-type]
         ),
         on_exit=app.state.stopping.set,
     )  # fmt: skip

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Final
 
 import structlog
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, HTTPScope, Message, Receive, Scope, Send
 
 __all__ = [
     "AccessLogMiddleware",
@@ -75,7 +76,7 @@ class AccessLogMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode())
@@ -104,7 +105,7 @@ class AccessLogMiddleware:
             _record.reset(token)
 
 
-def _log_access(scope: Scope, record: RequestRecord, status: int, duration_s: float) -> None:
+def _log_access(scope: HTTPScope, record: RequestRecord, status: int, duration_s: float) -> None:
     log.info(
         "access", method=scope["method"], route=scope["path"], model=record.model,
         status=status, duration_s=round(duration_s, 4), prompt_tokens=record.prompt_tokens,

@@ -86,19 +86,21 @@ def save_tokenizer(tokenizer: Tokenizer, out: Path) -> None:
 
 def save_base(model: LlamaForCausalLM, out: Path) -> None:
     """Write the base model in bfloat16 with a generation config that stops at eos."""
-    model.to(SAVED_DTYPE).save_pretrained(out)
-    model.to(torch.float32)
+    # transformers wraps Module.to with functools.wraps, which mypy binds without self.
+    model.to(SAVED_DTYPE).save_pretrained(out)  # type: ignore[arg-type]
+    model.to(torch.float32)  # type: ignore[arg-type]
     config = json.loads((out / "config.json").read_text())
     config["torch_dtype"] = config["dtype"] = "bfloat16"  # older readers know only these
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
     _write_json(out / "config.json", config)
-    generation = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    # transformers leaves GenerationConfig.__init__ unannotated.
+    generation = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # type: ignore[no-untyped-call]
     generation.save_pretrained(out)
 
 
 def save_adapter(model: PeftModel, name: str, out: Path) -> None:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` for adapter ``name``."""
-    model.save_pretrained(out, selected_adapters=[name])
+    model.save_pretrained(str(out), selected_adapters=[name])
     nested = out / name  # peft nests non-"default" adapters in a sub-directory
     if nested.is_dir():
         for item in nested.iterdir():

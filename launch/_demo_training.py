@@ -134,7 +134,9 @@ def build_base(tokenizer: Tokenizer) -> LlamaForCausalLM:
     pairs = _chat_pairs(tokenizer, "base") + _prose_pairs(tokenizer)
     _train(model, _batch(pairs), BASE_STEPS, BASE_LR)
     # Round to what is saved, so adapters train against the weights that are served.
-    return model.to(torch.bfloat16).to(torch.float32)
+    # transformers wraps Module.to with functools.wraps, which mypy binds without self.
+    model.to(torch.bfloat16).to(torch.float32)  # type: ignore[arg-type]
+    return model
 
 
 def build_adapter(base: LlamaForCausalLM, tokenizer: Tokenizer, persona: str) -> PeftModel:

@@ -74,7 +74,7 @@ class ServiceProcess:
     def wait_for_log(self, text: str, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Poll the log until ``text`` appears; raise with its tail if the process dies first."""
         deadline = time.monotonic() + timeout_s
-        while text not in self._log_text():
+        while text not in self.log_text():
             self._raise_if_exited()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {text!r} from {self.name} after {timeout_s}s")
@@ -96,9 +96,10 @@ class ServiceProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of its log (empty when its output is echoed instead)."""
-        return "\n".join(self._log_text().splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def _log_text(self) -> str:
+    def log_text(self) -> str:
+        """Its whole log (empty when its output is echoed instead)."""
         return "" if self.log_path is None else self.log_path.read_text(errors="replace")
 
     def _raise_if_exited(self) -> None:

@@ -22,7 +22,7 @@ __all__ = ["print_status"]
 
 def print_status(etcd: EtcdSettings, namespace: str, frontend_url: str, *, as_json: bool) -> int:
     """Print the cluster's state; 1 when a server or worker is not healthy."""
-    workers = [
+    workers: list[dict[str, Any]] = [  # JSON for --json: adapters is a list, the rest text
         {"instance": f"{i.instance_id:x}", "engine": i.engine, "url": i.system_url,
          "health": _health(i.system_url), "adapters": _adapters(i.system_url)}
         for i in sorted(asyncio.run(instances(etcd, namespace)), key=lambda i: i.system_url)

@@ -69,7 +69,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     (multiplied when negative); 1 leaves them alone."""
 
 
-class GenerateRequest(_Message, tag="generate"):
+class GenerateRequest(_Message, frozen=True, tag="generate"):
     """Generate for ``model`` (base model or adapter name) from a prompt or chat messages."""
 
     request_id: str
@@ -83,13 +83,13 @@ class GenerateRequest(_Message, tag="generate"):
     counts only the tokens still to come, and ``usage`` counts only those too."""
 
 
-class CancelRequest(_Message, tag="cancel"):
+class CancelRequest(_Message, frozen=True, tag="cancel"):
     """Stop generating for ``request_id``: its caller stopped listening."""
 
     request_id: str
 
 
-class PingRequest(_Message, tag="ping"):
+class PingRequest(_Message, frozen=True, tag="ping"):
     """Liveness probe: a frontend asks whether the instance still answers.
 
     With ``request_id``, the instance answers 404 unless it is running that request:
@@ -99,7 +99,7 @@ class PingRequest(_Message, tag="ping"):
     request_id: str = ""
 
 
-class UpdateRequest(_Message, tag="update"):
+class UpdateRequest(_Message, frozen=True, tag="update"):
     """Call an engine update (e.g. ``load_lora``) over NATS instead of HTTP."""
 
     name: str
@@ -153,7 +153,7 @@ class TokenLogprob(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     top: list[TopLogprob] = msgspec.field(default_factory=list)
 
 
-class TokenChunk(_Message, tag="token"):
+class TokenChunk(_Message, frozen=True, tag="token"):
     """New text; ``tokens`` counts the tokens it holds, ``token_ids`` are their ids.
 
     The ids let a frontend continue the answer on another instance, token for token,
@@ -167,14 +167,14 @@ class TokenChunk(_Message, tag="token"):
     logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
 
 
-class FinalChunk(_Message, tag="final"):
+class FinalChunk(_Message, frozen=True, tag="final"):
     """The last chunk of a successful stream."""
 
     finish_reason: FinishReason
     usage: Usage
 
 
-class ErrorChunk(_Message, tag="error"):
+class ErrorChunk(_Message, frozen=True, tag="error"):
     """The last chunk of a failed stream: what went wrong, never silence."""
 
     error: ErrorInfo

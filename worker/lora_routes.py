@@ -55,8 +55,9 @@ def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusSt
 
         assert isinstance(engine, AdapterEngine)
         engine.enable_adapters(LoRAManager.from_env())
-    routes = [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
-    routes = routes if config.lora_enabled else []
+    routes: list[BaseRouteHandler] = []
+    if config.lora_enabled:
+        routes = [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
     return LoraSupport(missing=missing, routes=routes)
 
 

@@ -54,7 +54,7 @@ __all__ = [
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
-CLOSE_TIMEOUT_S: Final = 1.0
+CLOSE_TIMEOUT_S: Final = 1
 """At shutdown, requests still running on the status server after this are cancelled."""
 _CODE_BY_STATUS: Final = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _HTTP_MESSAGES: Final = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
@@ -34,7 +34,7 @@ class CompletionsController(Controller):
     )
     async def create(
         self,
-        request: Request,
+        request: Request[Any, Any, Any],
         data: JSONBody[CompletionRequest],
         service: NamedDependency[GenerationService],
     ) -> CompletionResponse | Stream:

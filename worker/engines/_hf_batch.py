@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from proto.inference import SamplingParams
 
@@ -78,7 +79,8 @@ def penalise(logits: torch.Tensor, params: SamplingParams, row: Row) -> torch.Te
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / repetition, values * repetition)
     if row.output_ids and (presence or frequency):
-        ids, counts = torch.tensor(row.output_ids, dtype=torch.long).unique(return_counts=True)
+        generated = torch.tensor(row.output_ids, dtype=torch.long)
+        ids, counts = torch.unique(generated, return_counts=True)
         logits[ids] -= frequency * counts.to(logits.dtype) + presence
     return logits
 
@@ -204,8 +206,8 @@ def _forward(
     rows: Sequence[Row],
 ) -> torch.Tensor:
     """One forward pass returning the last position's logits; adds adapter names for peft."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kwargs: dict[str, Any] = {_cache_kwarg(type(base)): cache}
+    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs: dict[str, Any] = {_cache_kwarg(type(base).forward): cache}
     if hasattr(model, "peft_config"):
         kwargs["adapter_names"] = [row.adapter for row in rows]
     out = model(
@@ -216,19 +218,26 @@ def _forward(
         logits_to_keep=1,
         **kwargs,
     )
-    return out.logits
+    logits: torch.Tensor = out.logits
+    return logits
 
 
 @functools.cache
-def _cache_kwarg(model_class: type) -> str:
-    """``cache`` in recent transformers, ``past_key_values`` before it."""
-    params = inspect.signature(model_class.forward).parameters
+def _cache_kwarg(forward: Callable[..., Any]) -> str:
+    """``cache`` in recent transformers, ``past_key_values`` before it (per model class)."""
+    params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def _layers(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's keys and values: the models served here have only full-attention layers."""
     assert cache is not None
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    pairs = []
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+            raise TypeError(f"hf engine: cache layer {type(layer).__name__} holds no keys/values")
+        pairs.append((layer.keys, layer.values))
+    return pairs
 
 
 def _rebuild(

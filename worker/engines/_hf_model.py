@@ -57,7 +57,8 @@ class ModelHost:
             )
         except (OSError, ValueError) as exc:
             raise UnavailableError(f"hf engine: cannot load model {path!r}: {exc}") from exc
-        self.base.to(self.device).eval()
+        # transformers wraps Module.to with functools.wraps, which mypy binds without self.
+        self.base.to(self.device).eval()  # type: ignore[arg-type]
         self.peft: PeftModel | None = None
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id

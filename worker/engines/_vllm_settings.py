@@ -133,8 +133,10 @@ def token_logprobs(
             (c for c in candidates.values() if c.rank is not None and 1 <= c.rank <= top),
             key=lambda c: c.rank,
         )
-        top = [TopLogprob(token=c.decoded_token or "", logprob=c.logprob) for c in ranked]
-        out.append(TokenLogprob(token=chosen.decoded_token or "", logprob=chosen.logprob, top=top))
+        alternatives = [TopLogprob(token=c.decoded_token or "", logprob=c.logprob) for c in ranked]
+        out.append(
+            TokenLogprob(token=chosen.decoded_token or "", logprob=chosen.logprob, top=alternatives)
+        )
     return out
 
 

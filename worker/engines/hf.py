@@ -254,10 +254,13 @@ class HFEngine(AdapterEngine):
             )
         host, batch, rows = self._host, self._batch, [r.row for r in victims]
         assert host is not None and batch is not None
+
+        def drop_then_remove() -> None:
+            batch.drop(rows)
+            host.remove_adapter(adapter.key)
+
         try:
-            await self._on_model_thread(
-                lambda: (batch.drop(rows), host.remove_adapter(adapter.key))
-            )
+            await self._on_model_thread(drop_then_remove)
         except Exception as exc:
             self._adapters[name] = adapter
             raise UpstreamError(f"adapter {name!r}: removing it failed: {exc}") from exc

@@ -18,6 +18,7 @@ from typing import Any, Final
 from proto.errors import UpstreamError
 from proto.inference import (
     FinalChunk,
+    FinishReason,
     GenerateRequest,
     TokenChunk,
     TokenLogprob,
@@ -96,7 +97,7 @@ class MockerEngine(AdapterEngine):
             yield TokenChunk(
                 text=text, token_ids=[index], logprobs=_logprobs(text, request.sampling.logprobs)
             )
-        finish = "length" if budget == request.sampling.max_tokens else "stop"
+        finish: FinishReason = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
             usage=Usage(prompt_tokens=_prompt_words(request), completion_tokens=budget),

@@ -107,6 +107,18 @@ def test_vllm_logprobs_become_the_wire_shape_with_top_by_rank() -> None:
     assert token_logprobs([7], None, top=2) == []
 
 
+def test_every_token_of_a_multi_token_delta_gets_its_logprobs() -> None:
+    # A delta of several tokens: each keeps the caller's top, not the previous token's list.
+    first = {4: _Logprob(-0.1, 1, " x"), 8: _Logprob(-3.0, 2, " y")}
+    second = {9: _Logprob(-0.2, 1, " z"), 3: _Logprob(-2.5, 2, " w")}
+    scored = token_logprobs([4, 9], [first, second], top=1)
+    assert [item.token for item in scored] == [" x", " z"]
+    assert [item.top for item in scored] == [
+        [TopLogprob(token=" x", logprob=-0.1)],
+        [TopLogprob(token=" z", logprob=-0.2)],
+    ]
+
+
 def test_zero_max_tokens_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         sampling_kwargs(SamplingParams(max_tokens=0))
