@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
@@ -10,7 +10,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.generation import GenerationService
+from frontend.services import Services
 from frontend.shapes import CHAT
 from frontend.translate import chat_to_generate
 from proto.openai import ChatCompletionRequest, ChatCompletionResponse
@@ -34,10 +34,10 @@ class ChatCompletionsController(Controller):
     )
     async def create(
         self,
-        request: Request,
+        request: Request[Any, Any, Any],
         data: JSONBody[ChatCompletionRequest],
-        service: NamedDependency[GenerationService],
+        services: NamedDependency[Services],
     ) -> ChatCompletionResponse | Stream:
         """Answer a chat request through a worker that serves its model."""
-        answer = await service.generate(data, CHAT, chat_to_generate, request.receive)
+        answer = await services.generation.generate(data, CHAT, chat_to_generate, request.receive)
         return cast("ChatCompletionResponse | Stream", answer)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
@@ -10,7 +10,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.generation import GenerationService
+from frontend.services import Services
 from frontend.shapes import COMPLETIONS
 from frontend.translate import completion_to_generate
 from proto.openai import CompletionRequest, CompletionResponse
@@ -34,10 +34,12 @@ class CompletionsController(Controller):
     )
     async def create(
         self,
-        request: Request,
+        request: Request[Any, Any, Any],
         data: JSONBody[CompletionRequest],
-        service: NamedDependency[GenerationService],
+        services: NamedDependency[Services],
     ) -> CompletionResponse | Stream:
         """Answer a completions request through a worker that serves its model."""
-        answer = await service.generate(data, COMPLETIONS, completion_to_generate, request.receive)
+        answer = await services.generation.generate(
+            data, COMPLETIONS, completion_to_generate, request.receive
+        )
         return cast("CompletionResponse | Stream", answer)
