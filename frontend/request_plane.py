@@ -113,9 +113,7 @@ class Reply:
             finally:
                 timer.cancel()
                 self._waiter = None
-            if not self._messages:
-                return None
-        return self._messages.popleft()
+        return self._messages.popleft() if self._messages else None
 
     async def receive(
         self,
