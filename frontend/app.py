@@ -2,7 +2,8 @@
 
 The lifespan connects NATS and etcd, starts the watch caches (instances, cards,
 desired adapters), the request plane, the router and the on-demand loader, and
-puts them on ``app.state``; handlers receive them through ``Provide``. Every
+puts them in one ``Services`` on ``app.state.services``; handlers receive it as the
+``services`` dependency. Every
 error leaves in OpenAI's shape.
 """
 
@@ -18,7 +19,6 @@ from typing import Any, Final
 
 import structlog
 from litestar import Litestar, Request, Response
-from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi import OpenAPIConfig
@@ -49,6 +49,7 @@ from frontend.registry import ModelRegistry
 from frontend.request_plane import RequestPlane
 from frontend.resolver import ModelResolver
 from frontend.router import make_router
+from frontend.services import Services, services_of
 from proto.errors import LorafleetError
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
@@ -83,7 +84,7 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
             log.info("frontend stopped during start-up")
         else:
             log.info("frontend ready", namespace=config.namespace, router=config.router,
-                     models=len(app.state.registry.names()))  # fmt: skip
+                     models=len(services_of(app.state).registry.names()))  # fmt: skip
         yield
         log.info("frontend stopping", namespace=config.namespace)
 
@@ -114,19 +115,19 @@ async def _start_services(
     stack.push_async_callback(registry.aclose)
     desired = await DesiredState.start(etcd, config.namespace)
     stack.push_async_callback(desired.aclose)
-    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, app.state.metrics)
+    metrics: FrontendMetrics = app.state.metrics
+    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, metrics)
     loader = OnDemandLoader(
-        registry, plane, app.state.metrics,
+        registry, plane, metrics,
         timeout_s=config.on_demand_timeout_s, settings=config.dispatch,
         worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader)
-    app.state.plane = plane
-    app.state.registry = registry
-    app.state.desired = desired
-    app.state.resolver = resolver
-    app.state.service = GenerationService(resolver, dispatcher, app.state.metrics)
+    app.state.services = Services(
+        plane=plane, registry=registry, desired=desired, resolver=resolver,
+        generation=GenerationService(resolver, dispatcher, metrics), metrics=metrics,
+    )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")
     return True
@@ -136,30 +137,6 @@ def _nats_lost(app: Litestar) -> None:
     """The NATS connection closed for good: stop serving and exit 1 (``__main__`` reads it)."""
     app.state.fatal_error = "the NATS connection closed and cannot be re-made"
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _registry(state: State) -> ModelRegistry:
-    return state.registry  # type: ignore[no-any-return]
-
-
-def _desired(state: State) -> DesiredState:
-    return state.desired  # type: ignore[no-any-return]
-
-
-def _resolver(state: State) -> ModelResolver:
-    return state.resolver  # type: ignore[no-any-return]
-
-
-def _plane(state: State) -> RequestPlane:
-    return state.plane  # type: ignore[no-any-return]
-
-
-def _service(state: State) -> GenerationService:
-    return state.service  # type: ignore[no-any-return]
-
-
-def _metrics(state: State) -> FrontendMetrics:
-    return state.metrics  # type: ignore[no-any-return]
 
 
 def _error_response(status: int, error: OpenAIError) -> Response[OpenAIErrorResponse]:
@@ -238,14 +215,7 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
         middleware=[AccessLogMiddleware],
         request_class=BoundedJsonRequest,
         request_max_body_size=MAX_BODY_BYTES,
-        dependencies={
-            "registry": Provide(_registry, sync_to_thread=False),
-            "plane": Provide(_plane, sync_to_thread=False),
-            "desired": Provide(_desired, sync_to_thread=False),
-            "resolver": Provide(_resolver, sync_to_thread=False),
-            "service": Provide(_service, sync_to_thread=False),
-            "metrics": Provide(_metrics, sync_to_thread=False),
-        },
+        dependencies={"services": Provide(services_of, sync_to_thread=False)},
         exception_handlers={
             LorafleetError: _on_lorafleet_error,
             HTTPException: _on_http_error,

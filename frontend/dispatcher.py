@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Final
 
-import msgspec
 import structlog
 
 from frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
-from frontend.request_plane import Reply, RequestPlane, is_no_responders
+from frontend.request_plane import Reply, RequestPlane
 from frontend.router import Router
 from frontend.token_stream import Lookup, TokenStream
 from proto.discovery import Instance
@@ -129,7 +128,7 @@ class Dispatcher:
                 last = self._retryable_or_raise(exc, attempt)
                 await self._forgive_failover(exc, served, tried, forgiven)
             except BaseException:
-                self.plane.cancel(attempt.instance.subject, request.request_id)
+                self.cancel(attempt)
                 raise
             finally:
                 self.release(attempt)
@@ -164,7 +163,7 @@ class Dispatcher:
                 continue
             except BaseException:
                 self.release(attempt)
-                self.plane.cancel(attempt.instance.subject, request.request_id)
+                self.cancel(attempt)
                 raise
             if isinstance(first, ErrorChunk):
                 error = WorkerError(attempt.instance.instance_id, error_from_info(first.error))
@@ -219,31 +218,10 @@ class Dispatcher:
 
     async def next_chunk(self, attempt: Attempt) -> StreamChunk:
         """The next chunk of ``attempt``; raises ``InstanceLostError`` if its worker is gone."""
-        instance = attempt.instance
-        while True:
-            msg = await attempt.reply.next(self.settings.stall_s)
-            if msg is None and attempt.reply.dropped:
-                reason = "the frontend's NATS link dropped, so its replies may be lost"
-                raise InstanceLostError(
-                    instance.instance_id, reason, stalled=True, link_dropped=True
-                )
-            if msg is None:
-                timeout_s, request_id = self.settings.ping_timeout_s, attempt.request_id
-                if not await self.plane.ping(instance.subject, timeout_s, request_id):
-                    raise InstanceLostError(
-                        instance.instance_id, "it stopped answering or lost the request",
-                        stalled=True,
-                    )  # fmt: skip
-                continue
-            if is_no_responders(msg):
-                raise InstanceLostError(
-                    instance.instance_id, "no responder on its subject", no_responders=True
-                )
-            try:
-                return decode_chunk(msg.data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                log.error("undecodable chunk", instance=f"{instance.instance_id:x}", error=str(exc))
-                raise InstanceLostError(instance.instance_id, f"undecodable reply: {exc}") from exc
+        return await attempt.reply.receive(
+            decode_chunk, attempt.instance.instance_id, self.settings,
+            request_id=attempt.request_id,
+        )  # fmt: skip
 
     def _avoid(self, tried: list[int]) -> set[int]:
         """Instances tried for this request and those still in quarantine."""
@@ -255,9 +233,13 @@ class Dispatcher:
 
     def release(self, attempt: Attempt) -> None:
         """Stop listening to ``attempt`` and count it done at the router (once)."""
-        if not attempt.reply._closed:
+        if not attempt.reply.closed:
             attempt.reply.close()
             self.router.finished(attempt.instance.instance_id)
+
+    def cancel(self, attempt: Attempt) -> None:
+        """Tell ``attempt``'s instance to stop its request; never waits, never raises."""
+        self.plane.cancel(attempt.instance.subject, attempt.request_id)
 
     def _retryable_or_raise(
         self, exc: InstanceLostError | WorkerError, attempt: Attempt
@@ -275,7 +257,7 @@ class Dispatcher:
             if not exc.link_dropped:  # our own link's fault, not the instance's
                 self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
-                self.plane.cancel(attempt.instance.subject, attempt.request_id)
+                self.cancel(attempt)
 
     async def _forgive_failover(
         self, exc: LorafleetError, served: ServedModel, tried: list[int], forgiven: set[int]

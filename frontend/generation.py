@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, TypeAlias, TypeVar
 
 import msgspec
@@ -22,16 +21,17 @@ import structlog
 from litestar.response import Stream
 from litestar.types import Receive
 
-from frontend.access_log import RequestRecord, current_record
+from frontend.access_log import current_record
 from frontend.dispatcher import Dispatcher
-from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError, openai_error
+from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError
+from frontend.exchange import Exchange, SseAnswer
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ServedModel
 from frontend.resolver import ModelResolver
-from frontend.shapes import SSE_DONE, Answer, Shape, sse
+from frontend.shapes import Answer, Shape
 from frontend.token_stream import TokenStream
 from proto.errors import LorafleetError
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from proto.inference import GenerateRequest, TokenChunk
 from proto.openai import ChatCompletionRequest, CompletionRequest
 
 __all__ = [
@@ -72,29 +72,29 @@ class GenerationService:
 
         ``receive`` is the request's ASGI channel, watched for the client hanging up.
         """
-        started = time.perf_counter()
-        current_record().model = body.model  # the name asked for, served or not
-        served, request, answer = await self._prepare(body, shape, to_generate, started)
-        self.metrics.started(answer.model, shape.endpoint)
-        if body.stream:
-            return await self._open_stream(served, request, shape, answer, body, started)
-        return await self._whole(served, request, shape, answer, started, receive)
+        exchange = Exchange(self.metrics, shape, current_record())
+        exchange.record.model = body.model  # the name asked for, served or not
+        served, request, answer = await self._prepare(body, to_generate, exchange)
+        exchange.begin(answer)
+        if not body.stream:
+            return await self._whole(served, request, answer, exchange, receive)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        tokens = await self._open_stream(served, request, exchange)
+        sse_answer = SseAnswer(exchange, tokens, answer, include_usage=include_usage)
+        return Stream(sse_answer, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def _prepare(
-        self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], started: float
+        self, body: _Body, to_generate: ToGenerate[_Body], exchange: Exchange
     ) -> tuple[ServedModel, GenerateRequest, Answer]:
         """Resolve the model and build the request; failures are counted, then raised."""
         try:
             served = await self.resolver.resolve(body.model)
-        except LorafleetError as exc:
-            self._count_failure("", shape.endpoint, exc, started)
-            raise
-        # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
-        answer_id = shape.id_prefix + current_record().request_id
-        try:
+            exchange.label = served.name
+            # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
+            answer_id = exchange.shape.id_prefix + exchange.record.request_id
             request = to_generate(body, served, answer_id)
         except LorafleetError as exc:
-            self._count_failure(served.name, shape.endpoint, exc, started)
+            exchange.failed(exc)
             raise
         logprobs = request.sampling.logprobs is not None
         answer = Answer(
@@ -106,58 +106,37 @@ class GenerationService:
         self,
         served: ServedModel,
         request: GenerateRequest,
-        shape: Shape,
         answer: Answer,
-        started: float,
+        exchange: Exchange,
         receive: Receive,
     ) -> msgspec.Struct:
+        """The whole answer, cancelled at the worker if the client hangs up first."""
+        gone = ClientGoneError(answer.model, answer.id)
         try:
-            completion = await _unless_client_gone(
-                self._dispatch(self.dispatcher.complete, served, request),
-                receive,
-                ClientGoneError(answer.model, answer.id),
-            )
+            work = self._dispatch(self.dispatcher.complete, served, request)
+            completion = await _unless_client_gone(work, receive, gone)
         except LorafleetError as exc:
-            self._count_failure(answer.model, shape.endpoint, exc, started)
+            exchange.failed(exc)
             raise
         finally:
-            self.metrics.ended(answer.model, shape.endpoint)
-        if completion.first_token_at is not None:
-            first_token_s = completion.first_token_at - started
-            self.metrics.first_token_after(answer.model, shape.endpoint, first_token_s)
-        self.metrics.answered(answer.model, shape.endpoint, 200, time.perf_counter() - started)
-        _count_tokens(completion.final, current_record())
-        return shape.whole(answer, completion.text, completion.final, completion.logprobs)
+            exchange.end()
+        return exchange.whole(answer, completion)
 
     async def _open_stream(
-        self,
-        served: ServedModel,
-        request: GenerateRequest,
-        shape: Shape,
-        answer: Answer,
-        body: ChatCompletionRequest | CompletionRequest,
-        started: float,
-    ) -> Stream:
+        self, served: ServedModel, request: GenerateRequest, exchange: Exchange
+    ) -> TokenStream:
+        """The token stream, once its first chunk came; a failure until then is counted."""
         try:
             stream = functools.partial(self.dispatcher.stream, lookup=self.resolver.registry.get)
             tokens = await self._dispatch(stream, served, request)
         except BaseException as exc:
-            self.metrics.ended(answer.model, shape.endpoint)
+            exchange.end()
             if isinstance(exc, LorafleetError):
-                self._count_failure(answer.model, shape.endpoint, exc, started)
+                exchange.failed(exc)
             raise
         if isinstance(tokens.first, TokenChunk):
-            self.metrics.first_token_after(
-                answer.model, shape.endpoint, time.perf_counter() - started
-            )
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        release = self._releaser(tokens, shape, answer, started)
-        count = functools.partial(_count_tokens, record=current_record())
-        frames = self._frames(tokens, shape, answer, include_usage, release, count)
-        # A client gone before the first byte may leave the generator never started, so
-        # its ``finally`` never runs: releasing on garbage collection covers that case.
-        weakref.finalize(frames, release)
-        return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+            exchange.first_token()
+        return tokens
 
     async def _dispatch(
         self,
@@ -174,69 +153,6 @@ class GenerationService:
                 raise
         log.info("adapter left its instances; loading it again", adapter=served.name)
         return await call(await self.resolver.loader.load(spec), request)
-
-    def _releaser(
-        self, tokens: TokenStream, shape: Shape, answer: Answer, started: float
-    ) -> Callable[[], None]:
-        """Close ``tokens`` (cancelling an unfinished answer) and count the stream, once."""
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                tokens.close()
-                elapsed_s = time.perf_counter() - started
-                self.metrics.ended(answer.model, shape.endpoint)
-                self.metrics.answered(answer.model, shape.endpoint, 200, elapsed_s)
-
-        return release
-
-    async def _frames(
-        self,
-        tokens: TokenStream,
-        shape: Shape,
-        answer: Answer,
-        include_usage: bool,
-        release: Callable[[], None],
-        count: Callable[[FinalChunk], None],
-    ) -> AsyncIterator[bytes]:
-        """The SSE events of one stream, written together when several are ready; released."""
-        opening = shape.opening(answer)
-        batch = [opening] if opening else []
-        try:
-            async for chunk in tokens:
-                if isinstance(chunk, TokenChunk):
-                    batch.append(shape.token(answer, chunk))
-                elif isinstance(chunk, FinalChunk):
-                    count(chunk)
-                    batch.append(shape.finishing(answer, chunk))
-                    if include_usage:
-                        batch.append(shape.usage(answer, chunk))
-                if not tokens.buffered:
-                    yield b"".join(batch)
-                    batch.clear()
-            batch.append(SSE_DONE)
-            yield b"".join(batch)
-        except LorafleetError as exc:
-            log.warning("stream failed", model=answer.model, request=answer.id, error=exc.message)
-            self.metrics.failed(answer.model, shape.endpoint, exc.code)
-            yield b"".join(batch) + sse(openai_error(exc)[1]) + SSE_DONE
-        finally:
-            release()
-
-    def _count_failure(
-        self, label: str, endpoint: str, exc: LorafleetError, started: float
-    ) -> None:
-        status, _body = openai_error(exc)
-        self.metrics.failed(label, endpoint, exc.code)
-        self.metrics.answered(label, endpoint, status, time.perf_counter() - started)
-
-
-def _count_tokens(final: FinalChunk, record: RequestRecord) -> None:
-    """Put the answer's token counts in the request's access-log record."""
-    record.prompt_tokens = final.usage.prompt_tokens
-    record.completion_tokens = final.usage.completion_tokens
 
 
 async def _until_disconnected(receive: Receive) -> None:

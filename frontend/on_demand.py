@@ -29,7 +29,7 @@ from frontend.errors import (
 )
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ModelRegistry, ServedModel
-from frontend.request_plane import Reply, RequestPlane, is_no_responders
+from frontend.request_plane import RequestPlane
 from proto.adapters import AdapterSpec, LoadLoraRequest
 from proto.auth import bearer_header
 from proto.discovery import Instance
@@ -154,7 +154,7 @@ class OnDemandLoader:
         )
         reply = await self._plane.open(instance.subject, update, headers=self._headers)
         try:
-            answer = await self._answer(instance, reply)
+            answer = await reply.receive(_decode_update, instance.instance_id, self._settings)
         finally:
             reply.close()
         error = _error_of(answer, spec)
@@ -165,22 +165,6 @@ class OnDemandLoader:
                       hint="set DYN_SYSTEM_AUTH_TOKEN to the workers' token")  # fmt: skip
             raise LoadUnauthorizedError(spec.name, instance.instance_id)
         raise WorkerError(instance.instance_id, error)
-
-    async def _answer(self, instance: Instance, reply: Reply) -> UpdateReply:
-        """Wait for the update's answer, pinging the instance whenever it is silent."""
-        settings = self._settings
-        while True:
-            msg = await reply.next(settings.stall_s)
-            if msg is None:
-                if not await self._plane.ping(instance.subject, settings.ping_timeout_s):
-                    raise InstanceLostError(instance.instance_id, "it stopped answering")
-                continue
-            if is_no_responders(msg):
-                raise InstanceLostError(instance.instance_id, "no responder on its subject")
-            try:
-                return msgspec.msgpack.decode(msg.data, type=UpdateReply)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise InstanceLostError(instance.instance_id, f"undecodable reply: {exc}") from exc
 
     async def _served_on(self, name: str, instance_id: int) -> ServedModel:
         """Wait until the registry shows ``name``'s card on ``instance_id`` (the worker put it)."""
@@ -212,6 +196,10 @@ def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError | None:
             code=info.code, message=f"LoRA source {public_uri(spec.source.uri)}: {info.reason}"
         )
     return error_from_info(info)
+
+
+def _decode_update(data: bytes) -> UpdateReply:
+    return msgspec.msgpack.decode(data, type=UpdateReply)
 
 
 def _code(exc: LorafleetError) -> str:

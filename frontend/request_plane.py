@@ -9,6 +9,8 @@ the instance subject. While the connection is down, ``open`` fails at once with
 ``NatsUnavailableError`` (after a short grace for a fail-over to another
 server) instead of buffering a request nobody will answer; when the link drops,
 every open reply is marked ``dropped``, because messages sent meanwhile are lost.
+``Reply.receive`` is the one reading loop: wait with a stall timeout, ping the
+instance when it is silent, and decode what arrives, or say the instance is lost.
 Do no routing or retrying here (see ``dispatcher``); the connection itself is
 owned by ``discovery.NatsConnection``.
 """
@@ -18,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from typing import Final
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -26,13 +29,15 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from discovery.nats_connection import NatsConnection, NatsState
-from frontend.errors import PayloadTooLargeError
+from frontend.errors import InstanceLostError, PayloadTooLargeError
 from proto.errors import NatsUnavailableError, UnavailableError
 from proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
 
-__all__ = ["Reply", "RequestPlane", "is_no_responders"]
+__all__ = ["Patience", "Reply", "RequestPlane", "is_no_responders"]
 
 log = structlog.get_logger(__name__)
+
+_Decoded = TypeVar("_Decoded")
 
 NATS_RECONNECT_GRACE_S: Final = 0.25
 """How long a new request waits for a dropped NATS link to come back before its 503."""
@@ -46,15 +51,32 @@ def is_no_responders(msg: Msg) -> bool:
     return headers is not None and headers.get(_STATUS_HEADER) == _NO_RESPONDERS
 
 
+class Patience(Protocol):
+    """How long a reply may be silent before its instance is pinged, and how long the ping
+    may take (``DispatchSettings`` is one)."""
+
+    @property
+    def stall_s(self) -> float:
+        """Silence, in seconds, after which the instance is pinged."""
+
+    @property
+    def ping_timeout_s(self) -> float:
+        """How long the instance has to answer the ping."""
+
+
 class Reply:
     """The messages of one request's reply subject, in order; ``close()`` when done."""
 
-    __slots__ = ("_closed", "_messages", "_plane", "_waiter", "dropped", "subject", "token")
+    __slots__ = (
+        "_closed", "_messages", "_plane", "_waiter", "dropped", "subject", "target", "token",
+    )  # fmt: skip
 
-    def __init__(self, plane: RequestPlane, token: str, subject: str) -> None:
+    def __init__(self, plane: RequestPlane, token: str, subject: str, target: str) -> None:
         self._plane = plane
         self.token = token
         self.subject = subject
+        self.target = target
+        """The subject the request went to: the instance to ping when its replies stall."""
         self._messages: collections.deque[Msg] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
@@ -91,15 +113,54 @@ class Reply:
             finally:
                 timer.cancel()
                 self._waiter = None
-            if not self._messages:
-                return None
-        return self._messages.popleft()
+        return self._messages.popleft() if self._messages else None
+
+    async def receive(
+        self,
+        decode: Callable[[bytes], _Decoded],
+        instance_id: int,
+        patience: Patience,
+        *,
+        request_id: str = "",
+    ) -> _Decoded:
+        """The next message, decoded; pings the instance whenever it is silent for a stall.
+
+        Raises ``InstanceLostError`` when nobody subscribes the instance's subject, when
+        it is silent and does not answer a ping (given ``request_id``: or no longer runs
+        that request), when this frontend's link dropped, or when the message does not
+        decode.
+        """
+        while True:
+            msg = await self.next(patience.stall_s)
+            if msg is None and self.dropped:
+                reason = "the frontend's NATS link dropped, so its replies may be lost"
+                raise InstanceLostError(instance_id, reason, stalled=True, link_dropped=True)
+            if msg is None:
+                if not await self._plane.ping(self.target, patience.ping_timeout_s, request_id):
+                    lost = " or lost the request" if request_id else ""
+                    reason = f"it stopped answering{lost}"
+                    raise InstanceLostError(instance_id, reason, stalled=True)
+                continue
+            if is_no_responders(msg):
+                raise InstanceLostError(
+                    instance_id, "no responder on its subject", no_responders=True
+                )
+            try:
+                return decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("undecodable reply", instance=f"{instance_id:x}", error=str(exc))
+                raise InstanceLostError(instance_id, f"undecodable reply: {exc}") from exc
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` ran: messages are no longer routed here."""
+        return self._closed
 
     def close(self) -> None:
         """Stop routing messages here; later replies are dropped."""
         if not self._closed:
             self._closed = True
-            self._plane._replies.pop(self.token, None)
+            self._plane.detach(self)
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -153,7 +214,7 @@ class RequestPlane:
         if len(payload) > self.nc.max_payload:
             raise PayloadTooLargeError(len(payload), self.nc.max_payload)
         token = format(next(self._tokens), "x")
-        reply = Reply(self, token, self._inbox + token)
+        reply = Reply(self, token, self._inbox + token, subject)
         self._replies[token] = reply
         try:
             await self.nc.publish(subject, payload, reply=reply.subject, headers=headers)
@@ -179,6 +240,10 @@ class RequestPlane:
             return msgspec.msgpack.decode(msg.data, type=UpdateReply).status_code == 200
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
+
+    def detach(self, reply: Reply) -> None:
+        """Stop routing messages to ``reply`` (its ``close()`` calls this)."""
+        self._replies.pop(reply.token, None)
 
     def cancel(self, subject: str, request_id: str) -> None:
         """Tell the instance on ``subject`` to stop ``request_id``; never waits, never raises."""

@@ -99,7 +99,7 @@ class TokenStream:
         self._dispatcher.release(self._attempt)
         if not self._done:
             self._done = True
-            self._dispatcher.plane.cancel(self._attempt.instance.subject, self.request_id)
+            self._dispatcher.cancel(self._attempt)
 
     async def _migrate(self, exc: InstanceLostError | WorkerError) -> StreamChunk:
         """Continue on another instance after ``exc`` and return its first chunk, or raise."""

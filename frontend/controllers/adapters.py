@@ -18,6 +18,7 @@ from frontend.admin_auth import require_admin_token
 from frontend.desired_state import DesiredState
 from frontend.errors import MAX_NAMES_IN_MESSAGE
 from frontend.registry import ModelRegistry
+from frontend.services import Services
 from proto.adapters import (
     AdapterList,
     AdapterSpec,
@@ -92,23 +93,22 @@ class AdaptersController(Controller):
     async def apply(
         self,
         data: JSONBody[AdapterSpec],
-        desired: NamedDependency[DesiredState],
-        registry: NamedDependency[ModelRegistry],
+        services: NamedDependency[Services],
     ) -> Response[AdapterStatus]:
         """Validate and store ``data`` as desired state (persistent, no lease)."""
         spec = validate_adapter_spec(data)
-        warnings = _check_against_served(spec, registry)
-        changed = await desired.apply(spec)
+        warnings = _check_against_served(spec, services.registry)
+        changed = await services.desired.apply(spec)
         return Response(
-            adapter_status(spec, registry, warnings), status_code=201 if changed else 200
+            adapter_status(spec, services.registry, warnings), status_code=201 if changed else 200
         )
 
     @get("/", operation_id="listAdapters", summary="List desired adapters and where they are")
-    async def list_adapters(
-        self, desired: NamedDependency[DesiredState], registry: NamedDependency[ModelRegistry]
-    ) -> AdapterList:
+    async def list_adapters(self, services: NamedDependency[Services]) -> AdapterList:
         """Every desired adapter by name, with the instances that have it loaded now."""
-        return AdapterList(data=[adapter_status(spec, registry) for spec in desired.specs()])
+        return AdapterList(
+            data=[adapter_status(spec, services.registry) for spec in services.desired.specs()]
+        )
 
     @get(
         "/{name:path}",
@@ -119,11 +119,12 @@ class AdaptersController(Controller):
     async def get_adapter(
         self,
         name: FromPath[str],
-        desired: NamedDependency[DesiredState],
-        registry: NamedDependency[ModelRegistry],
+        services: NamedDependency[Services],
     ) -> AdapterStatus:
         """One desired adapter (names may contain ``/``)."""
-        return adapter_status(_desired_or_404(desired, name.lstrip("/")), registry)
+        return adapter_status(
+            _desired_or_404(services.desired, name.lstrip("/")), services.registry
+        )
 
     @delete(
         "/{name:path}",
@@ -137,15 +138,14 @@ class AdaptersController(Controller):
     async def delete_adapter(
         self,
         name: FromPath[str],
-        desired: NamedDependency[DesiredState],
-        registry: NamedDependency[ModelRegistry],
+        services: NamedDependency[Services],
     ) -> AdapterStatus:
         """Delete the desired state of ``name``; answers what was deleted."""
         name = name.lstrip("/")
-        spec = _desired_or_404(desired, name)
-        if not await desired.delete(name):
+        spec = _desired_or_404(services.desired, name)
+        if not await services.desired.delete(name):
             raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")
-        return adapter_status(spec, registry)
+        return adapter_status(spec, services.registry)
 
 
 def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:

@@ -10,7 +10,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.generation import GenerationService
+from frontend.services import Services
 from frontend.shapes import CHAT
 from frontend.translate import chat_to_generate
 from proto.openai import ChatCompletionRequest, ChatCompletionResponse
@@ -36,8 +36,8 @@ class ChatCompletionsController(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[ChatCompletionRequest],
-        service: NamedDependency[GenerationService],
+        services: NamedDependency[Services],
     ) -> ChatCompletionResponse | Stream:
         """Answer a chat request through a worker that serves its model."""
-        answer = await service.generate(data, CHAT, chat_to_generate, request.receive)
+        answer = await services.generation.generate(data, CHAT, chat_to_generate, request.receive)
         return cast("ChatCompletionResponse | Stream", answer)

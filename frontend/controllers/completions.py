@@ -10,7 +10,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.generation import GenerationService
+from frontend.services import Services
 from frontend.shapes import COMPLETIONS
 from frontend.translate import completion_to_generate
 from proto.openai import CompletionRequest, CompletionResponse
@@ -36,8 +36,10 @@ class CompletionsController(Controller):
         self,
         request: Request[Any, Any, Any],
         data: JSONBody[CompletionRequest],
-        service: NamedDependency[GenerationService],
+        services: NamedDependency[Services],
     ) -> CompletionResponse | Stream:
         """Answer a completions request through a worker that serves its model."""
-        answer = await service.generate(data, COMPLETIONS, completion_to_generate, request.receive)
+        answer = await services.generation.generate(
+            data, COMPLETIONS, completion_to_generate, request.receive
+        )
         return cast("CompletionResponse | Stream", answer)

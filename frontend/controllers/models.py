@@ -13,7 +13,8 @@ from litestar.params import FromPath
 from frontend.controllers._responses import MODEL_ERRORS
 from frontend.errors import ModelNotFoundError
 from frontend.registry import ServedModel
-from frontend.resolver import ColdAdapter, ModelResolver
+from frontend.resolver import ColdAdapter
+from frontend.services import Services
 from proto.openai import ModelList, ModelObject
 from proto.uris import public_uri
 
@@ -51,8 +52,9 @@ class ModelsController(Controller):
     tags = ["models"]
 
     @get("/", operation_id="listModels", summary="List served models")
-    async def list_models(self, resolver: NamedDependency[ModelResolver]) -> ModelList:
+    async def list_models(self, services: NamedDependency[Services]) -> ModelList:
         """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
+        resolver = services.resolver
         entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
         cold = resolver.cold()
         if cold:
@@ -67,14 +69,14 @@ class ModelsController(Controller):
         responses=MODEL_ERRORS,
     )
     async def retrieve_model(
-        self, model_id: FromPath[str], resolver: NamedDependency[ModelResolver]
+        self, model_id: FromPath[str], services: NamedDependency[Services]
     ) -> ModelObject:
         """One served model or cold adapter by name (names may contain ``/``)."""
         name = model_id.lstrip("/")
-        served = resolver.registry.get(name)
+        served = services.resolver.registry.get(name)
         if served is not None:
             return model_object(served)
-        for cold in resolver.cold():
+        for cold in services.resolver.cold():
             if cold.spec.name == name:
                 return cold_model_object(cold)
-        raise ModelNotFoundError(name, resolver.names())
+        raise ModelNotFoundError(name, services.resolver.names())

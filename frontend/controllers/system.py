@@ -5,9 +5,8 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 
-from frontend.metrics import METRICS_CONTENT_TYPE, FrontendMetrics
-from frontend.registry import ModelRegistry
-from frontend.request_plane import RequestPlane
+from frontend.metrics import METRICS_CONTENT_TYPE
+from frontend.services import Services
 from proto.openai import FrontendHealth
 
 __all__ = ["SystemController"]
@@ -20,16 +19,14 @@ class SystemController(Controller):
     tags = ["system"]
 
     @get("/health", operation_id="health", summary="Liveness and readiness", cache=False)
-    async def health(
-        self, registry: NamedDependency[ModelRegistry], plane: NamedDependency[RequestPlane]
-    ) -> Response[FrontendHealth]:
+    async def health(self, services: NamedDependency[Services]) -> Response[FrontendHealth]:
         """200 while NATS is connected, 503 otherwise; counts what etcd shows."""
-        connected = plane.nc.is_connected
+        connected = services.plane.nc.is_connected
         body = FrontendHealth(
             status="healthy" if connected else "unhealthy",
             nats="connected" if connected else "disconnected",
-            models=len(registry.names()),
-            instances=registry.instance_count,
+            models=len(services.registry.names()),
+            instances=services.registry.instance_count,
         )
         return Response(body, status_code=200 if connected else 503)
 
@@ -39,6 +36,6 @@ class SystemController(Controller):
         summary="Prometheus metrics",
         media_type=METRICS_CONTENT_TYPE,
     )
-    async def metrics(self, metrics: NamedDependency[FrontendMetrics]) -> bytes:
+    async def metrics(self, services: NamedDependency[Services]) -> bytes:
         """Requests, errors, latency and time to first token per model."""
-        return metrics.render()
+        return services.metrics.render()

@@ -19,8 +19,8 @@ from litestar.params import JSONBody
 
 from frontend.admin_auth import require_admin_token
 from frontend.controllers.adapters import WRITE_ERRORS
-from frontend.desired_state import DesiredState
 from frontend.registry import ModelRegistry
+from frontend.services import Services
 from proto.adapters import AdapterSpec, LoraSource, validate_adapter_spec
 from proto.errors import InvalidRequestError, LorafleetError
 from proto.vllm_lora import (
@@ -95,19 +95,18 @@ class VllmLoraController(Controller):
     async def load(
         self,
         data: JSONBody[LoadLoraAdapterRequest],
-        desired: NamedDependency[DesiredState],
-        registry: NamedDependency[ModelRegistry],
+        services: NamedDependency[Services],
     ) -> Response[Any]:
         """Store ``{"lora_name", "lora_path"}`` as desired state with ``replicas: "all"``."""
         if not data.lora_name or not data.lora_path:
             return _error(vllm_missing_load_fields())
-        if desired.get(data.lora_name) is not None and not data.load_inplace:
+        if services.desired.get(data.lora_name) is not None and not data.load_inplace:
             return _error(vllm_already_loaded(data.lora_name))
         try:
             source = LoraSource(uri=lora_path_uri(data.lora_path))
-            base = _base_model(data, registry)
+            base = _base_model(data, services.registry)
             spec = AdapterSpec(name=data.lora_name, base_model=base, source=source, replicas="all")
-            await desired.apply(validate_adapter_spec(spec))
+            await services.desired.apply(validate_adapter_spec(spec))
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))
         return _text(vllm_success_message(data.lora_name, loaded=True))
@@ -121,13 +120,13 @@ class VllmLoraController(Controller):
         responses=UNLOAD_ERRORS,
     )
     async def unload(
-        self, data: JSONBody[UnloadLoraAdapterRequest], desired: NamedDependency[DesiredState]
+        self, data: JSONBody[UnloadLoraAdapterRequest], services: NamedDependency[Services]
     ) -> Response[Any]:
         """Delete the desired state of ``lora_name``; 404 in vLLM's words when there is none."""
         if not data.lora_name:
             return _error(vllm_missing_unload_fields())
         try:
-            deleted = await desired.delete(data.lora_name)
+            deleted = await services.desired.delete(data.lora_name)
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))
         if not deleted:

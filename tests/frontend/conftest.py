@@ -40,7 +40,7 @@ class RunningFrontend:
 
     @property
     def registry(self):
-        return self.app.state.registry
+        return self.app.state.services.registry
 
 
 @contextlib.asynccontextmanager

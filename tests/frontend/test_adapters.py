@@ -176,13 +176,13 @@ async def test_cli_apply_and_delete_go_through_the_frontend(
     assert await asyncio.to_thread(lorafleet, argv) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["replicas"], printed["pinned"]) == ("all", True)
-    spec = admin_frontend.app.state.desired.get("org/robot")
+    spec = admin_frontend.app.state.services.desired.get("org/robot")
     assert spec == AdapterSpec(name="org/robot", base_model="demo",
                                source=LoraSource(uri="file:///adapters/robot"),
                                replicas="all", pinned=True)  # fmt: skip
     delete = ["lora", "delete", "org/robot", "--frontend", admin_frontend.url]
     assert await asyncio.to_thread(lorafleet, delete) == 0
-    assert admin_frontend.app.state.desired.get("org/robot") is None
+    assert admin_frontend.app.state.services.desired.get("org/robot") is None
     monkeypatch.delenv("DYN_ADMIN_TOKEN")
     assert await asyncio.to_thread(lorafleet, delete) == 1
 

@@ -179,7 +179,7 @@ async def test_a_client_that_disconnects_cancels_the_request_at_the_worker(
             if "tok1" in line:
                 break
     await _until(lambda: worker.cancelled == [worker.generated[0].request_id])
-    await _until(lambda: frontend.app.state.plane.open_replies == 0)
+    await _until(lambda: frontend.app.state.services.plane.open_replies == 0)
 
 
 async def test_a_client_that_hangs_up_on_a_whole_answer_cancels_it_at_the_worker(
@@ -190,7 +190,7 @@ async def test_a_client_that_hangs_up_on_a_whole_answer_cancels_it_at_the_worker
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
         await frontend.http.post(CHAT, json=_chat(max_tokens=1000), timeout=0.5)
     await _until(lambda: worker.cancelled == [worker.generated[0].request_id])
-    await _until(lambda: frontend.app.state.plane.open_replies == 0)
+    await _until(lambda: frontend.app.state.services.plane.open_replies == 0)
     metrics = (await frontend.http.get("/metrics")).text
     assert 'code="client_gone"' in metrics
 

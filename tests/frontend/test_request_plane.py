@@ -10,6 +10,8 @@ import pytest
 
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
+from frontend.dispatcher import DispatchSettings
+from frontend.errors import InstanceLostError
 from frontend.request_plane import RequestPlane, is_no_responders
 from proto.inference import (
     CancelRequest,
@@ -76,6 +78,46 @@ async def test_a_subject_nobody_serves_answers_no_responders(plane, namespace) -
     msg = await reply.next(5)
     reply.close()
     assert msg is not None and is_no_responders(msg)
+
+
+@pytest.fixture
+async def silent(nats_url: str, namespace: str) -> AsyncIterator[str]:
+    """A subject with a subscriber that never answers, not even pings."""
+    nc = await nats.connect(nats_url)
+    await nc.subscribe(f"{namespace}.silent")
+    await nc.flush()
+    yield f"{namespace}.silent"
+    await nc.close()
+
+
+async def test_receive_decodes_the_replies_in_order(plane, echo) -> None:
+    subject, _seen = echo
+    reply = await plane.open(subject, GenerateRequest(request_id="r", model="m"))
+    patience = DispatchSettings(stall_s=5)
+    chunks = [await reply.receive(decode_chunk, 1, patience) for _ in range(3)]
+    reply.close()
+    assert [chunk.text for chunk in chunks] == ["r:0", "r:1", "r:2"]
+
+
+async def test_receive_gives_up_on_an_instance_that_is_silent_and_misses_its_ping(
+    plane, silent
+) -> None:
+    reply = await plane.open(silent, GenerateRequest(request_id="r", model="m"))
+    patience = DispatchSettings(stall_s=0.1, ping_timeout_s=0.2)
+    with pytest.raises(InstanceLostError) as lost:
+        await reply.receive(decode_chunk, 0xA, patience, request_id="r")
+    reply.close()
+    assert lost.value.stalled and not lost.value.link_dropped
+    assert "stopped answering or lost the request" in lost.value.message
+
+
+async def test_receive_after_the_link_dropped_between_reads_blames_the_link(plane, silent) -> None:
+    reply = await plane.open(silent, GenerateRequest(request_id="r", model="m"))
+    reply.drop()  # what the plane does to every open reply when its NATS link drops
+    with pytest.raises(InstanceLostError) as lost:
+        await reply.receive(decode_chunk, 0xA, DispatchSettings(stall_s=5))
+    reply.close()
+    assert lost.value.link_dropped
 
 
 async def test_next_returns_none_when_nothing_arrives_in_time(plane, nats_url, namespace) -> None:

@@ -1,0 +1,148 @@
+"""One OpenAI generate request in flight: its timer, its counts, and a stream's clean-up.
+
+An ``Exchange`` starts its timer when the request arrives and counts the request
+once, whichever way it ends (answered, refused, failed). An ``SseAnswer`` is the
+body of a streamed answer, as httpx's response stream is: it yields the SSE
+frames and ``close()`` (idempotent) releases the token stream, cancelling an
+unfinished answer at its worker, and counts the stream's end. Leaving its
+iteration closes it; so does its garbage collection, for a client gone before
+the first byte, whose iteration never starts. Resolving and dispatching is
+``frontend.generation``'s job, not this module's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import structlog
+
+from frontend.access_log import RequestRecord
+from frontend.dispatcher import Completion
+from frontend.errors import openai_error
+from frontend.metrics import FrontendMetrics
+from frontend.shapes import SSE_DONE, Answer, Shape, sse
+from frontend.token_stream import TokenStream
+from proto.errors import LorafleetError
+from proto.inference import FinalChunk, TokenChunk
+
+__all__ = ["Exchange", "SseAnswer"]
+
+log = structlog.get_logger(__name__)
+
+
+class Exchange:
+    """The metrics and access-log record of one generate request, timed from its arrival.
+
+    ``label`` is the served model's name once known (``""`` before, as when the name
+    resolves to nothing).
+    """
+
+    def __init__(self, metrics: FrontendMetrics, shape: Shape, record: RequestRecord) -> None:
+        self.metrics = metrics
+        self.shape = shape
+        self.record = record
+        self.label = ""
+        self.started = time.perf_counter()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the request arrived."""
+        return time.perf_counter() - self.started
+
+    def begin(self, answer: Answer) -> None:
+        """Count the request in flight for ``answer``'s model, until ``end()``."""
+        self.label = answer.model
+        self.metrics.started(self.label, self.shape.endpoint)
+
+    def end(self) -> None:
+        """The request is no longer in flight (whatever its outcome)."""
+        self.metrics.ended(self.label, self.shape.endpoint)
+
+    def failed(self, exc: LorafleetError) -> None:
+        """Count a request answered with ``exc``'s error status."""
+        status, _body = openai_error(exc)
+        self.metrics.failed(self.label, self.shape.endpoint, exc.code)
+        self.metrics.answered(self.label, self.shape.endpoint, status, self.elapsed_s)
+
+    def broke(self, exc: LorafleetError) -> None:
+        """Count ``exc`` ending a stream that already answered 200."""
+        self.metrics.failed(self.label, self.shape.endpoint, exc.code)
+
+    def first_token(self, at: float | None = None) -> None:
+        """Count the time to the first token, which came at ``at`` (``perf_counter``; now)."""
+        seconds = (time.perf_counter() if at is None else at) - self.started
+        self.metrics.first_token_after(self.label, self.shape.endpoint, seconds)
+
+    def answered(self, final: FinalChunk | None = None) -> None:
+        """Count a 200 answer; ``final``'s token counts go in the access log."""
+        self.metrics.answered(self.label, self.shape.endpoint, 200, self.elapsed_s)
+        if final is not None:
+            self.count_tokens(final)
+
+    def count_tokens(self, final: FinalChunk) -> None:
+        """Put the answer's token counts in the request's access-log record."""
+        self.record.prompt_tokens = final.usage.prompt_tokens
+        self.record.completion_tokens = final.usage.completion_tokens
+
+    def whole(self, answer: Answer, completion: Completion) -> msgspec.Struct:
+        """Count a whole answer and shape its body."""
+        if completion.first_token_at is not None:
+            self.first_token(completion.first_token_at)
+        self.answered(completion.final)
+        return self.shape.whole(answer, completion.text, completion.final, completion.logprobs)
+
+
+class SseAnswer:
+    """The SSE body of one streamed answer; ``close()`` releases it, once."""
+
+    def __init__(
+        self, exchange: Exchange, tokens: TokenStream, answer: Answer, *, include_usage: bool
+    ) -> None:
+        self._exchange = exchange
+        self._tokens = tokens
+        self._answer = answer
+        self._include_usage = include_usage
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The SSE events, written together when several are ready; closes at the end."""
+        shape, answer = self._exchange.shape, self._answer
+        opening = shape.opening(answer)
+        batch = [opening] if opening else []
+        try:
+            async for chunk in self._tokens:
+                batch += self._frames(chunk)
+                if not self._tokens.buffered:
+                    yield b"".join(batch)
+                    batch.clear()
+            batch.append(SSE_DONE)
+            yield b"".join(batch)
+        except LorafleetError as exc:
+            log.warning("stream failed", model=answer.model, request=answer.id, error=exc.message)
+            self._exchange.broke(exc)
+            yield b"".join(batch) + sse(openai_error(exc)[1]) + SSE_DONE
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the token stream (cancelling an unfinished answer) and count the end."""
+        if not self._closed:
+            self._closed = True
+            self._tokens.close()
+            self._exchange.end()
+            self._exchange.answered()
+
+    def __del__(self) -> None:
+        self.close()  # a client gone before the first byte never starts the iteration
+
+    def _frames(self, chunk: TokenChunk | FinalChunk) -> list[bytes]:
+        shape, answer = self._exchange.shape, self._answer
+        if isinstance(chunk, TokenChunk):
+            return [shape.token(answer, chunk)]
+        self._exchange.count_tokens(chunk)
+        frames = [shape.finishing(answer, chunk)]
+        if self._include_usage:
+            frames.append(shape.usage(answer, chunk))
+        return frames

@@ -1,0 +1,39 @@
+"""What the frontend's handlers use, started by the app's lifespan: one typed object.
+
+The lifespan builds one ``Services`` and puts it on ``app.state.services``; handlers
+receive it as the ``services`` dependency (``services_of``). Add a service here, not
+as another attribute of ``app.state``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litestar.datastructures import State
+
+from frontend.desired_state import DesiredState
+from frontend.generation import GenerationService
+from frontend.metrics import FrontendMetrics
+from frontend.registry import ModelRegistry
+from frontend.request_plane import RequestPlane
+from frontend.resolver import ModelResolver
+
+__all__ = ["Services", "services_of"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Services:
+    """The running parts of one frontend, shared by every request."""
+
+    plane: RequestPlane
+    registry: ModelRegistry
+    desired: DesiredState
+    resolver: ModelResolver
+    generation: GenerationService
+    metrics: FrontendMetrics
+
+
+def services_of(state: State) -> Services:
+    """The app's services (the ``services`` dependency); set once its lifespan started."""
+    services: Services = state.services
+    return services
