@@ -22,7 +22,7 @@ from discovery.errors import EtcdRefusedError
 from launch.cli import main as lorafleet
 from launch.local_servers import free_port
 from launch.secure_etcd import start_secure_etcd
-from tests.launch.test_cluster import _read_until_ready
+from tests.launch.test_cluster import STOP_WAIT_S, _read_until_ready
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ async def test_up_secure_serves_through_an_etcd_with_tls_and_auth(tmp_path: Path
             await connect_etcd(endpoint.group(1))
     finally:
         up.send_signal(signal.SIGINT)
-        exit_code = await asyncio.to_thread(up.wait, 60)
+        exit_code = await asyncio.to_thread(up.wait, STOP_WAIT_S)
     assert exit_code == 0
 
 

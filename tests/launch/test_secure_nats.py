@@ -25,7 +25,7 @@ from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
 from launch.local_servers import LocalServer, free_port
 from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
-from tests.launch.test_cluster import _read_until_ready
+from tests.launch.test_cluster import STOP_WAIT_S, _read_until_ready
 from tests.nats_faults import fleet
 
 WAIT_S = 10.0
@@ -157,7 +157,7 @@ async def test_up_secure_serves_chat_and_refuses_anonymous_nats_clients(tmp_path
         assert stat.S_IMODE((state / "secure" / "nats.json").stat().st_mode) == 0o600
     finally:
         up.send_signal(signal.SIGINT)
-        exit_code = await asyncio.to_thread(up.wait, 60)
+        exit_code = await asyncio.to_thread(up.wait, STOP_WAIT_S)
     assert exit_code == 0
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from launch.local_servers import free_port
 from launch.ports import is_free
+from tests.launch.test_cluster import STOP_WAIT_S, drain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -83,13 +85,14 @@ def _running_up(cwd: Path) -> Iterator[tuple[int, int]]:
         for line in up.stdout:
             lines.append(line)
             if line.startswith("Press Ctrl-C"):
+                threading.Thread(target=drain, args=(up.stdout,), daemon=True).start()
                 break
         else:
             raise AssertionError("lorafleet up exited:\n" + "".join(lines[-40:]))
         yield http_port, system_port
     finally:
         up.send_signal(signal.SIGINT)
-        assert up.wait(60) == 0
+        assert up.wait(STOP_WAIT_S) == 0
 
 
 def _lorafleet(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -138,7 +141,7 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_no_process(tmp_path: 
         if line.startswith(("[", "Press Ctrl-C")):
             break
     up.send_signal(signal.SIGINT)
-    stdout, stderr = up.communicate(timeout=60)
+    stdout, stderr = up.communicate(timeout=STOP_WAIT_S)
     assert up.returncode == 130
     assert stderr.strip() == "lorafleet: interrupted"
     own = [line for line in stdout.splitlines() if not line.startswith("[")]  # not a child's
