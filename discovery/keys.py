@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
+    "LOAD_ROOT",
     "MDC_ROOT",
     "adapter_key",
     "adapters_prefix",
@@ -20,6 +21,8 @@ __all__ = [
     "card_prefix",
     "instance_key",
     "instance_prefix",
+    "load_key",
+    "load_prefix",
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
@@ -32,6 +35,7 @@ KEYS_ROOT: Final = "v1/"
 INSTANCES_ROOT: Final = "v1/instances/"
 MDC_ROOT: Final = "v1/mdc/"
 ADAPTERS_ROOT: Final = "v1/adapters/"
+LOAD_ROOT: Final = "v1/load/"
 
 
 def _path(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
@@ -73,6 +77,16 @@ def adapters_prefix(namespace: str) -> str:
 def adapter_key(namespace: str, slug: str) -> str:
     """Key of one adapter's desired state (persistent, no lease)."""
     return f"{adapters_prefix(namespace)}{slug}"
+
+
+def load_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
+    """Key of a worker endpoint's ``InstanceLoad`` record (slots, load, failed loads)."""
+    return LOAD_ROOT + _path(namespace, component, endpoint, instance_id)
+
+
+def load_prefix(namespace: str) -> str:
+    """Prefix of every load record in a namespace."""
+    return f"{LOAD_ROOT}{namespace}/"
 
 
 def nats_subject(namespace: str, component: str, endpoint: str, instance_id: int) -> str:

@@ -12,6 +12,7 @@ from proto.adapters import (
     UnloadLoraRequest,
     decode_adapter_spec,
     encode_adapter_spec,
+    replica_bounds,
     validate_adapter_spec,
     validate_lora_name,
 )
@@ -49,6 +50,12 @@ from proto.errors import (
     error_body,
     error_from_info,
     http_status,
+)
+from proto.fleet_load import (
+    InstanceLoad,
+    LoadFailure,
+    decode_instance_load,
+    encode_instance_load,
 )
 from proto.inference import (
     CancelRequest,
@@ -174,10 +181,12 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "Instance",
+    "InstanceLoad",
     "InstanceMessage",
     "InvalidRequestError",
     "LORA_ID_MASK",
     "ListLorasRequest",
+    "LoadFailure",
     "LoadLoraAdapterRequest",
     "LoadLoraRequest",
     "LoraInfo",
@@ -229,8 +238,10 @@ __all__ = [
     "decode_card",
     "decode_chunk",
     "decode_instance",
+    "decode_instance_load",
     "decode_instance_message",
     "encode_adapter_spec",
+    "encode_instance_load",
     "encode_msg",
     "encode_record",
     "error_body",
@@ -243,6 +254,7 @@ __all__ = [
     "public_uri",
     "redact_uri",
     "rendezvous_order",
+    "replica_bounds",
     "shorten",
     "split_uri",
     "validate_adapter_spec",

@@ -29,6 +29,7 @@ __all__ = [
     "UnloadLoraRequest",
     "decode_adapter_spec",
     "encode_adapter_spec",
+    "replica_bounds",
     "validate_adapter_spec",
     "validate_lora_name",
 ]
@@ -94,6 +95,11 @@ class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     base_model: BaseModelName
     source: LoraSource
     replicas: Replicas = 1
+    """Shorthand for ``min_replicas`` = ``max_replicas`` = ``replicas`` (each overrides it)."""
+    min_replicas: Replicas | None = None
+    """Copies kept loaded whatever the demand (default: ``replicas``)."""
+    max_replicas: Replicas | None = None
+    """Most copies demand may add (default: ``replicas``, or ``min_replicas`` if larger)."""
     pinned: bool = False
 
 
@@ -114,6 +120,19 @@ class AdapterList(msgspec.Struct, kw_only=True, frozen=True):
 
     data: list[AdapterStatus]
     object: Literal["list"] = "list"
+
+
+def replica_bounds(spec: AdapterSpec) -> tuple[int | Literal["all"], int | Literal["all"]]:
+    """The fewest and the most copies of ``spec`` the fleet keeps (``"all"``: every instance)."""
+    low = spec.replicas if spec.min_replicas is None else spec.min_replicas
+    high = spec.replicas if spec.max_replicas is None else spec.max_replicas
+    if spec.max_replicas is None and _more(low, high):
+        high = low
+    return low, high
+
+
+def _more(a: int | Literal["all"], b: int | Literal["all"]) -> bool:
+    return a != b and (a == "all" or (b != "all" and a > b))
 
 
 _spec_decoder = msgspec.json.Decoder(AdapterSpec)
@@ -141,6 +160,18 @@ def validate_adapter_spec(spec: AdapterSpec) -> AdapterSpec:
         raise InvalidRequestError(
             f"replicas of adapter {spec.name!r} is {spec.replicas}; use a number >= 0 "
             '(0 loads it only on demand) or "all"'
+        )
+    for field in ("min_replicas", "max_replicas"):
+        value = getattr(spec, field)
+        if value is not None and value != "all" and value < 0:
+            raise InvalidRequestError(
+                f'{field} of adapter {spec.name!r} is {value}; use a number >= 0 or "all"'
+            )
+    low, high = replica_bounds(spec)
+    if _more(low, high):
+        raise InvalidRequestError(
+            f"min_replicas of adapter {spec.name!r} ({low}) is more than its "
+            f"max_replicas ({high}); lower min_replicas or raise max_replicas"
         )
     if split_uri(spec.source.uri) is None:
         raise InvalidRequestError(
