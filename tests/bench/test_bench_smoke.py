@@ -86,3 +86,30 @@ def test_etcd_recovery_reports_an_outage_and_a_leader_kill_that_lose_nothing(
     assert kill["failed"] == 0 and kill["requests"] > 0
     (only,) = kill["kills"]
     assert only["leader_elected_s"] > 0 and only["keepalive_resumed_s"] > 0
+
+
+PLACEMENT_FIGURES = {
+    "copies_declared", "copies_at_start", "requests", "failed", "window_s", "adapter_loads",
+    "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",
+    "served_per_worker", "busiest_over_mean", "top_ttft_p50_ms", "top_ttft_p99_ms",
+    "tail_ttft_p50_ms", "tail_ttft_p99_ms", "warm_ttft_p50_ms", "warm_ttft_p99_ms",
+    "tail_over_warm_p99",
+}  # fmt: skip
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "placement", "--workers", "2", "--slots", "2", "--adapters", "6",
+                    "--duration-s", "3", "--warmup-s", "0", "--rate", "10")  # fmt: skip
+    policies = result["results"]
+    assert list(policies) == ["bounded", "rendezvous", "on-demand"]
+    if not result["placement_flag"]:  # until the fleet branch's --placement-policy lands
+        assert "--placement-policy" in policies.pop("bounded")["skipped"]
+    for figures in policies.values():
+        assert figures.keys() == PLACEMENT_FIGURES
+        assert figures["failed"] == 0 and figures["requests"] == 30
+        assert len(figures["served_per_worker"]) == 2
+        assert None not in figures.values(), figures
+    assert policies["on-demand"]["copies_declared"] == 0
+    assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
+    assert result["targets"].keys() <= PLACEMENT_FIGURES
