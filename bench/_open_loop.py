@@ -10,6 +10,7 @@ busy.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from bench._http import HttpConnection, HttpResponse, complete_stream
 __all__ = ["Planned", "Sample", "run_open_loop"]
 
 HOST: Final = "127.0.0.1"
+_ERROR_CODE: Final = re.compile(rb'"code":"([^"]*)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,8 @@ class Sample:
     tag: int
     ok: bool
     ttft_s: float | None
+    failure: str = ""
+    """Why it failed: ``timeout``, ``connection``, ``HTTP <status>``, an error event's code."""
 
 
 class _Pool:
@@ -67,12 +71,23 @@ async def _send(pool: _Pool, index: int, planned: Planned, timeout_s: float) -> 
     try:
         async with asyncio.timeout(timeout_s):
             response = await pool.request(planned.raw)
-    except (OSError, asyncio.IncompleteReadError, TimeoutError):
-        return Sample(index, planned.tag, ok=False, ttft_s=None)
+    except TimeoutError:
+        return Sample(index, planned.tag, ok=False, ttft_s=None, failure="timeout")
+    except (OSError, asyncio.IncompleteReadError):
+        return Sample(index, planned.tag, ok=False, ttft_s=None, failure="connection")
     first_token_at = response.first_token_at
     if first_token_at is None or not complete_stream(response):
-        return Sample(index, planned.tag, ok=False, ttft_s=None)
+        return Sample(index, planned.tag, ok=False, ttft_s=None, failure=_failure(response))
     return Sample(index, planned.tag, ok=True, ttft_s=first_token_at - started)
+
+
+def _failure(response: HttpResponse) -> str:
+    """What went wrong with an answer that was no complete stream."""
+    if response.status != 200:
+        code = _ERROR_CODE.search(response.body)
+        return f"HTTP {response.status}" + (f" {code[1].decode()}" if code else "")
+    code = _ERROR_CODE.search(response.body)
+    return f"error event {code[1].decode()}" if code else "cut short"
 
 
 async def run_open_loop(

@@ -7,6 +7,7 @@ on-demand loads from the frontend's counter.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -89,6 +90,7 @@ def policy_figures(
     figures: dict[str, Any] = {
         "requests": len(samples),
         "failed": sum(not s.ok for s in samples),
+        "failures": dict(Counter(s.failure for s in samples if not s.ok)),
         "window_s": round(after.at_s - before.at_s, 1),
         "adapter_loads": int(loads),
         "loads_per_min": round(loads / window_min, 1) if window_min else None,

@@ -89,12 +89,13 @@ def test_etcd_recovery_reports_an_outage_and_a_leader_kill_that_lose_nothing(
 
 
 PLACEMENT_FIGURES = {
-    "copies_declared", "copies_at_start", "requests", "failed", "window_s", "adapter_loads",
-    "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",
+    "copies_declared", "copies_at_start", "requests", "failed", "failures", "window_s",
+    "adapter_loads", "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",
     "served_per_worker", "busiest_over_mean", "top_ttft_p50_ms", "top_ttft_p99_ms",
     "tail_ttft_p50_ms", "tail_ttft_p99_ms", "warm_ttft_p50_ms", "warm_ttft_p99_ms",
-    "tail_over_warm_p99",
+    "tail_over_warm_p99", "cpu_cores",
 }  # fmt: skip
+PLACEMENT_PROCESSES = {"frontend", "workers", "client", "nats_server", "etcd"}
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
@@ -109,6 +110,7 @@ def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None
         assert figures.keys() == PLACEMENT_FIGURES
         assert figures["failed"] == 0 and figures["requests"] == 30
         assert len(figures["served_per_worker"]) == 2
+        assert figures["cpu_cores"].keys() == PLACEMENT_PROCESSES
         assert None not in figures.values(), figures
     assert policies["on-demand"]["copies_declared"] == 0
     assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
