@@ -171,15 +171,22 @@ class Placement:
         return peers
 
     def demand_rps(self, name: str) -> float:
-        """Requests per second for ``name`` across the fleet (the load records' sum)."""
-        return sum(load.demand.get(name, 0.0) for load in self._peer_loads())
+        """Requests per second for ``name`` across the fleet: the peers' load records, and
+        this worker's own counter (fresher than its record)."""
+        others = sum(load.demand.get(name, 0.0) for load in self._peer_loads())
+        return others + self._controller.demand.rate(name)
 
     def copies(self, name: str) -> int:
         """Live instances whose cards show ``name`` now."""
         return sum(1 for card in self._cards.items.values() if card.lora and card.lora.name == name)
 
     def _peer_loads(self) -> list[InstanceLoad]:
-        return [load for load in self._loads.items.values() if load.base_model == self._base_model]
+        """The other instances' load records for this base model."""
+        return [
+            load
+            for key, load in self._loads.items.items()
+            if load.base_model == self._base_model and _load_instance(key) != self._instance_id
+        ]
 
     async def _placement_loop(self) -> None:
         last_pass = 0.0
@@ -225,8 +232,7 @@ class Placement:
             if card.lora is not None and card.lora.base_model == self._base_model:
                 held[parse_card_key(key)[1]].add(card.lora.name)
         for key, load in self._loads.items.items():
-            iid = int(key.rsplit("/", 1)[1], 16)
-            if iid in peers:
+            if (iid := _load_instance(key)) in peers:
                 held[iid].update(load.loading)
         return held
 
@@ -280,3 +286,8 @@ class Placement:
         self._placed.discard(name)
         self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)
+
+
+def _load_instance(key: str) -> int:
+    """The instance id at the end of a load record's key."""
+    return int(key.rsplit("/", 1)[1], 16)
