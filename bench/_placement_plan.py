@@ -117,9 +117,19 @@ def declared_copies(policy: str, shape: Shape) -> int:
 
 
 def worker_flags(
-    policy: str, shape: Shape, *, time_per_token_s: float, load_s: float, policy_flag: bool
+    policy: str,
+    shape: Shape,
+    *,
+    time_per_token_s: float,
+    load_s: float,
+    policy_flag: bool,
+    copy_rps: float | None = None,
 ) -> list[str]:
-    """A mocker worker's flags; ``policy_flag``: pass ``--placement-policy`` (the build has it)."""
+    """A mocker worker's flags.
+
+    ``policy_flag``: pass ``--placement-policy`` (the build has it); ``copy_rps``: the
+    workers' ``--lora-copy-rps`` (None: their default).
+    """
     flags = [
         "--enable-lora", "--max-loras", str(shape.slots),
         "--mocker-time-per-token-s", str(time_per_token_s),
@@ -127,6 +137,8 @@ def worker_flags(
     ]  # fmt: skip
     if policy_flag:
         flags += ["--placement-policy", _WORKER_POLICY[policy]]
+    if copy_rps is not None:
+        flags += ["--lora-copy-rps", str(copy_rps)]
     return flags
 
 

@@ -90,7 +90,8 @@ async def _run_policy(policy: str, args: argparse.Namespace, policy_flag: bool) 
     shape = Shape(workers=args.workers, slots=args.slots, adapters=args.adapters,
                   max_tokens=args.max_tokens)  # fmt: skip
     flags = worker_flags(policy, shape, time_per_token_s=args.time_per_token_s,
-                         load_s=args.load_s, policy_flag=policy_flag)  # fmt: skip
+                         load_s=args.load_s, policy_flag=policy_flag,
+                         copy_rps=args.copy_rps)  # fmt: skip
     with BenchCluster() as cluster:
         workers = [cluster.worker(MODEL, *flags, wait=False) for _ in range(shape.workers)]
         for worker in workers:
@@ -208,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-tokens", type=int, default=8, help="tokens per streamed answer")
     add("--time-per-token-s", type=float, default=0.01, help="mocker time per token")
     add("--load-s", type=float, default=0.2, help="mocker adapter load time")
+    add(
+        "--copy-rps",
+        type=float,
+        default=None,
+        help="the workers' --lora-copy-rps: requests/s per copy before demand adds one",
+    )
     add("--seed", type=int, default=15, help="seed of the Zipf draw (same for every policy)")
     add_output_flags(parser)
     return parser
