@@ -21,6 +21,8 @@ from bench._http import HttpConnection, HttpResponse, complete_stream
 __all__ = ["Planned", "Sample", "run_open_loop"]
 
 HOST: Final = "127.0.0.1"
+IDLE_REUSE_S: Final = 2.0
+"""A connection idle longer is closed, not reused: uvicorn closes idle ones after 5 s."""
 _ERROR_CODE: Final = re.compile(rb'"code":"([^"]*)"')
 
 
@@ -45,24 +47,38 @@ class Sample:
 
 
 class _Pool:
-    """Idle keep-alive connections to one port; a busy pool grows by one connection."""
+    """Idle keep-alive connections to one port; a busy pool grows by one connection.
+
+    A connection the server may have closed for idling is never reused, so a
+    failure is the server's answer, not the pool's stale socket.
+    """
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.idle: list[HttpConnection] = []
+        self.idle: list[tuple[HttpConnection, float]] = []
+        """Connections and when they went idle (perf_counter), the latest last."""
 
     async def request(self, raw: bytes) -> HttpResponse:
-        connection = self.idle.pop() if self.idle else await HttpConnection.open(HOST, self.port)
+        connection = await self._take()
         try:
             response = await connection.request(raw, watch_tokens=True)
         except BaseException:
             await connection.close()
             raise
-        self.idle.append(connection)
+        self.idle.append((connection, time.perf_counter()))
         return response
 
+    async def _take(self) -> HttpConnection:
+        fresh_since = time.perf_counter() - IDLE_REUSE_S
+        while self.idle:
+            connection, idle_since = self.idle.pop()
+            if idle_since >= fresh_since:
+                return connection
+            await connection.close()
+        return await HttpConnection.open(HOST, self.port)
+
     async def aclose(self) -> None:
-        for connection in self.idle:
+        for connection, _ in self.idle:
             await connection.close()
 
 

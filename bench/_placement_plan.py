@@ -9,8 +9,6 @@ token) is the same.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,7 +22,6 @@ __all__ = [
     "Shape",
     "adapter_name",
     "declared_copies",
-    "placement_flag_supported",
     "replica_bounds",
     "request_plan",
     "worker_flags",
@@ -40,7 +37,6 @@ WARM_PROBE_EVERY: Final = 10
 POLICIES: Final = ("bounded", "rendezvous", "on-demand")
 _WORKER_POLICY: Final = {"bounded": "bounded", "rendezvous": "rendezvous", "on-demand": "bounded"}
 """Workers' ``--placement-policy`` per policy (on-demand: the new fleet with no copies declared)."""
-_HELP_TIMEOUT_S: Final = 120.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,30 +118,15 @@ def worker_flags(
     *,
     time_per_token_s: float,
     load_s: float,
-    policy_flag: bool,
     copy_rps: float | None = None,
 ) -> list[str]:
-    """A mocker worker's flags.
-
-    ``policy_flag``: pass ``--placement-policy`` (the build has it); ``copy_rps``: the
-    workers' ``--lora-copy-rps`` (None: their default).
-    """
+    """A mocker worker's flags; ``copy_rps``: its ``--lora-copy-rps`` (None: the default)."""
     flags = [
         "--enable-lora", "--max-loras", str(shape.slots),
         "--mocker-time-per-token-s", str(time_per_token_s),
         "--engine-option", f"add_adapter_delay_s={load_s}",
+        "--placement-policy", _WORKER_POLICY[policy],
     ]  # fmt: skip
-    if policy_flag:
-        flags += ["--placement-policy", _WORKER_POLICY[policy]]
     if copy_rps is not None:
         flags += ["--lora-copy-rps", str(copy_rps)]
     return flags
-
-
-def placement_flag_supported() -> bool:
-    """Whether this build's worker takes ``--placement-policy`` (``python -m worker --help``)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "worker", "--help"],
-        capture_output=True, text=True, timeout=_HELP_TIMEOUT_S, check=True,
-    )  # fmt: skip
-    return "--placement-policy" in done.stdout

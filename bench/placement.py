@@ -24,6 +24,7 @@ from bench._cluster import BenchCluster, Service
 from bench._http import http_once
 from bench._metrics import scrape
 from bench._open_loop import run_open_loop
+from bench._placement_compute import time_placement
 from bench._placement_figures import Readings, policy_figures
 from bench._placement_plan import (
     MODEL,
@@ -31,7 +32,6 @@ from bench._placement_plan import (
     Shape,
     adapter_name,
     declared_copies,
-    placement_flag_supported,
     replica_bounds,
     request_plan,
     worker_flags,
@@ -46,7 +46,6 @@ SETTLE_TIMEOUT_S: Final = 60.0
 """Today's placement may never hold every declared copy (it ignores full slots)."""
 SETTLE_POLL_S: Final = 0.2
 LOADED_ADAPTERS: Final = "lorafleet_worker_loaded_adapters"
-NO_FLAG: Final = "this build's worker has no --placement-policy (the fleet branch adds it)"
 TARGETS: Final = {
     "loads_vs_on_demand": "<= 0.70",
     "tail_over_warm_p99": "<= 3",
@@ -86,12 +85,11 @@ async def _readings(
     return Readings(at_s, scrapes, await scrape(frontend.port))
 
 
-async def _run_policy(policy: str, args: argparse.Namespace, policy_flag: bool) -> dict[str, Any]:
+async def _run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     shape = Shape(workers=args.workers, slots=args.slots, adapters=args.adapters,
                   max_tokens=args.max_tokens)  # fmt: skip
     flags = worker_flags(policy, shape, time_per_token_s=args.time_per_token_s,
-                         load_s=args.load_s, policy_flag=policy_flag,
-                         copy_rps=args.copy_rps)  # fmt: skip
+                         load_s=args.load_s, copy_rps=args.copy_rps)  # fmt: skip
     with BenchCluster() as cluster:
         workers = [cluster.worker(MODEL, *flags, wait=False) for _ in range(shape.workers)]
         for worker in workers:
@@ -150,17 +148,13 @@ def _compare(results: dict[str, dict[str, Any]]) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every policy on a fresh cluster, one after the other; return their figures."""
-    policy_flag = await asyncio.to_thread(placement_flag_supported)
-    results: dict[str, dict[str, Any]] = {}
-    for policy in args.policies:
-        if policy == "bounded" and not policy_flag:
-            results[policy] = {"skipped": NO_FLAG}
-            continue
-        results[policy] = await _run_policy(policy, args, policy_flag)
+    results = {policy: await _run_policy(policy, args) for policy in args.policies}
     _compare(results)
+    compute = time_placement(args.compute_workers, args.compute_adapters, args.compute_rounds)
     settings = {key: value for key, value in vars(args).items() if key != "json"}
     return {"bench": "placement", "machine": machine(), "settings": settings,
-            "placement_flag": policy_flag, "targets": TARGETS, "results": results}  # fmt: skip
+            "targets": TARGETS, "results": results,
+            "compute": compute}  # fmt: skip
 
 
 ROWS: Final = (
@@ -177,8 +171,6 @@ ROWS: Final = (
 
 
 def _cell(figures: dict[str, Any], key: str) -> object:
-    if "skipped" in figures:
-        return "skipped"
     if key == "copies":
         return f"{figures['copies_declared']} / {figures['copies_at_start']}"
     if key == "cpu_cores":
@@ -191,8 +183,14 @@ def _text(results: dict[str, Any], _args: argparse.Namespace) -> str:
     headers = ["figure", *policies, "target"]
     rows = [[label, *(_cell(f, key) for f in policies.values()), TARGETS.get(key, "")]
             for label, key in ROWS]  # fmt: skip
-    notes = [f"{p}: {f['skipped']}" for p, f in policies.items() if "skipped" in f]
-    return "\n".join([table(headers, rows), *notes])
+    c = results["compute"]
+    compute = (
+        f"placement pass, {c['workers']} workers x {c['slots_per_worker']} slots, "
+        f"{c['adapters']} adapters at one copy: first {c['first_plan_ms']} ms; "
+        f"per change p50 {c['change_p50_ms']} ms, max {c['change_max_ms']} ms "
+        f"over {c['changes']} (target < 50 ms)"
+    )
+    return "\n".join([table(headers, rows), compute])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="the workers' --lora-copy-rps: requests/s per copy before demand adds one",
+    )
+    add("--compute-workers", type=int, default=100, help="placement timing: instances")
+    add("--compute-adapters", type=int, default=10_000, help="placement timing: adapters")
+    add(
+        "--compute-rounds",
+        type=int,
+        default=5,
+        help="placement timing: rounds of 4 changes (leave, join, copy added, dropped)",
     )
     add("--seed", type=int, default=15, help="seed of the Zipf draw (same for every policy)")
     add_output_flags(parser)
