@@ -76,10 +76,20 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def policy_figures(
-    samples: Sequence[Sample], before: Readings, after: Readings, *, adapters: int, load_s: float
+    samples: Sequence[Sample],
+    before: Readings,
+    after: Readings,
+    *,
+    adapters: int,
+    load_s: float,
+    offered_s: float,
 ) -> dict[str, Any]:
-    """Every figure the benchmark reports for one policy (times in ms)."""
-    window_min = (after.at_s - before.at_s) / 60
+    """Every figure the benchmark reports for one policy (times in ms).
+
+    Loads are counted from the first measured request until the last answer, and
+    divided by the ``offered_s`` seconds the measured requests were sent over: a slow
+    drain (requests waiting for loads) does not dilute the rate.
+    """
     groups = ttft_groups(samples, adapters)
     warm_p99 = percentile(groups["warm"], 0.99)
     adapter_ttfts = [s.ttft_s for s in samples if s.tag != BASE_TAG and s.ttft_s is not None]
@@ -93,7 +103,7 @@ def policy_figures(
         "failures": dict(Counter(s.failure for s in samples if not s.ok)),
         "window_s": round(after.at_s - before.at_s, 1),
         "adapter_loads": int(loads),
-        "loads_per_min": round(loads / window_min, 1) if window_min else None,
+        "loads_per_min": round(loads * 60 / offered_s, 1) if offered_s else None,
         "on_demand_loads": int(after.on_demand_loads() - before.on_demand_loads()),
         "waited_share": round(waited / len(adapter_ttfts), 4) if adapter_ttfts else None,
         "served_per_worker": [int(n) for n in served],

@@ -121,7 +121,7 @@ async def _measure(
     after = await _readings(frontend, workers, 0, lambda: cpu_s.update(cpu.stop()))
     measured = [s for s in samples if s.index >= warmup]
     figures = policy_figures(measured, await before, after, adapters=shape.adapters,
-                             load_s=args.load_s)  # fmt: skip
+                             load_s=args.load_s, offered_s=args.duration_s)  # fmt: skip
     window_s = after.at_s - before.result().at_s
     figures["cpu_cores"] = {name: round(s / window_s, 3) for name, s in cpu_s.items()}
     return figures
