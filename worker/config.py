@@ -10,23 +10,23 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.cli_help import HelpFormatter, add_version
+from discovery.flags import (
+    FlagSpec,
+    add_connection_flags,
+    add_env_options,
+    connection_args,
+    env_flag,
+    env_option,
+)
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from discovery.keys import DEFAULT_NAMESPACE
 from discovery.nats_settings import DEFAULT_NATS_SERVER
-from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
-
-_TRUE: Final = {"1", "true", "yes", "on"}
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable (``1``/``true``/``yes``/``on``)."""
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in _TRUE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,114 +82,49 @@ class WorkerConfig:
         return f"http://{host}:{self.system_port}"
 
 
+_FLAGS: Final[tuple[FlagSpec, ...]] = (
+    ("--model", "DYN_MODEL", None, str, "model path or name, required"),
+    ("--served-model-name", "DYN_SERVED_MODEL_NAME", None, str,
+     "the model's name in the API; default: --model"),
+    ("--component", "DYN_COMPONENT", "backend", str, ""),
+    ("--endpoint", "DYN_ENDPOINT", "generate", str, ""),
+    ("--system-host", "DYN_SYSTEM_HOST", "0.0.0.0", str, "status server's bind address"),
+    ("--system-port", "DYN_SYSTEM_PORT", 9345, int,
+     "status server's port: health, metrics, LoRA routes"),
+    ("--advertise-host", "DYN_ADVERTISE_HOST", "", str,
+     "host others reach the status server at; default: the bind address or hostname"),
+    ("--lease-ttl", "DYN_LEASE_TTL", 10, int, "etcd lease TTL in seconds"),
+    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", 10.0, float,
+     "seconds in-flight requests get to finish on SIGTERM"),
+    ("--max-loras", "DYN_MAX_LORAS", 4, int, "adapters loaded at once"),
+    ("--max-lora-rank", "DYN_MAX_LORA_RANK", 64, int, "largest adapter rank accepted"),
+    ("--lora-idle-unload-s", "DYN_LORA_IDLE_UNLOAD_S", 300.0, float,
+     "unload an on-demand adapter idle this long"),
+    ("--context-length", "DYN_CONTEXT_LENGTH", 2048, int, "tokens of prompt plus output"),
+    ("--mocker-time-per-token-s", "DYN_MOCKER_TIME_PER_TOKEN_S", 0.0, float,
+     "mocker: delay per token"),
+)  # fmt: skip
+"""The worker's own flags: (flag, variable, default, parser, help)."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     p = argparse.ArgumentParser(
         prog="lorafleet worker", formatter_class=HelpFormatter,
         description="A lorafleet worker: serves one model with one engine (mocker, hf or vllm) "
         "on a NATS subject and registers it in etcd. Every flag has an environment variable.",
     )  # fmt: skip
     add_version(p)
-    add = p.add_argument
-    add(
-        "--engine",
-        choices=ENGINE_KINDS,
-        default=env("DYN_ENGINE", "mocker"),
-        help="mocker needs no model; hf runs transformers; vllm runs vLLM (env DYN_ENGINE)",
-    )
-    add("--model", default=env("DYN_MODEL"), help="model path or name, required (env DYN_MODEL)")
-    add(
-        "--served-model-name",
-        default=env("DYN_SERVED_MODEL_NAME"),
-        help="the model's name in the API; default: --model (env DYN_SERVED_MODEL_NAME)",
-    )
-    add("--namespace", default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
-    add("--component", default=env("DYN_COMPONENT", "backend"), help="env DYN_COMPONENT")
-    add("--endpoint", default=env("DYN_ENDPOINT", "generate"), help="env DYN_ENDPOINT")
-    add(
-        "--etcd-endpoints",
-        default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
-        help="comma-separated etcd URLs (env ETCD_ENDPOINTS)",
-    )
-    add("--nats-server", default=env("NATS_SERVER", DEFAULT_NATS_SERVER), help="env NATS_SERVER")
-    add(
-        "--system-host",
-        default=env("DYN_SYSTEM_HOST", "0.0.0.0"),
-        help="status server's bind address (env DYN_SYSTEM_HOST)",
-    )
-    add(
-        "--system-port",
-        type=int,
-        default=int(env("DYN_SYSTEM_PORT", "9345")),
-        help="status server's port: health, metrics, LoRA routes (env DYN_SYSTEM_PORT)",
-    )
-    add("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""),
-        help="host others reach the status server at; default: the bind address or hostname "
-        "(env DYN_ADVERTISE_HOST)")  # fmt: skip
-    add(
-        "--lease-ttl",
-        type=int,
-        default=int(env("DYN_LEASE_TTL", "10")),
-        help="etcd lease TTL in seconds (env DYN_LEASE_TTL)",
-    )
-    add(
-        "--shutdown-grace",
-        type=float,
-        default=float(env("DYN_SHUTDOWN_GRACE", "10")),
-        help="seconds in-flight requests get to finish on SIGTERM (env DYN_SHUTDOWN_GRACE)",
-    )
-    add(
-        "--connect-timeout-s",
-        type=float,
-        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
-        help="start-up wait for etcd and NATS, then exit 1 (env DYN_CONNECT_TIMEOUT_S)",
-    )
-    add(
-        "--header-timeout-s",
-        type=float,
-        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
-        help="close status connections with no request head by then (env DYN_HEADER_TIMEOUT_S)",
-    )
-    add("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
-        help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
-        "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
-    add(
-        "--max-loras",
-        type=int,
-        default=int(env("DYN_MAX_LORAS", "4")),
-        help="adapters loaded at once (env DYN_MAX_LORAS)",
-    )
-    add(
-        "--max-lora-rank",
-        type=int,
-        default=int(env("DYN_MAX_LORA_RANK", "64")),
-        help="largest adapter rank accepted (env DYN_MAX_LORA_RANK)",
-    )
-    add(
-        "--lora-idle-unload-s",
-        type=float,
-        default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300")),
-        help="unload an on-demand adapter idle this long (env DYN_LORA_IDLE_UNLOAD_S)",
-    )
-    add(
-        "--context-length",
-        type=int,
-        default=int(env("DYN_CONTEXT_LENGTH", "2048")),
-        help="tokens of prompt plus output (env DYN_CONTEXT_LENGTH)",
-    )
-    add(
-        "--mocker-time-per-token-s",
-        type=float,
-        default=float(env("DYN_MOCKER_TIME_PER_TOKEN_S", "0")),
-        help="mocker: delay per token (env DYN_MOCKER_TIME_PER_TOKEN_S)",
-    )
-    add(
-        "--engine-option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
-    )
+    add_connection_flags(p)
+    add_env_options(p, _FLAGS)
+    env_option(p, "--engine", "DYN_ENGINE", "mocker",
+               "mocker needs no model; hf runs transformers; vllm runs vLLM",
+               choices=ENGINE_KINDS)  # fmt: skip
+    p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
+                   help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
+                   "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=JSON",
+                   help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' "
+                   "(repeatable)")  # fmt: skip
     return p
 
 
@@ -212,14 +147,11 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             options=options,
         )
         return WorkerConfig(
-            engine=args.engine, engine_config=engine_config, namespace=args.namespace,
+            **connection_args(args), engine=args.engine, engine_config=engine_config,
             component=args.component, endpoint=args.endpoint,
-            etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
-            nats_server=args.nats_server,
             system_host=args.system_host, system_port=args.system_port,
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
-            shutdown_grace_s=args.shutdown_grace, connect_timeout_s=args.connect_timeout_s,
-            header_timeout_s=args.header_timeout_s, lora_enabled=env_flag("DYN_LORA_ENABLED"),
+            shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
         )  # fmt: skip
