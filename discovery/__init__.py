@@ -78,6 +78,9 @@ from discovery.nats_settings import (
     NatsSettings,
     parse_nats_servers,
 )
+from discovery.pids import (
+    pid_alive,
+)
 from discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
     EtcdSettings,
@@ -156,6 +159,7 @@ __all__ = [
     "parse_card_key",
     "parse_endpoints",
     "parse_nats_servers",
+    "pid_alive",
     "python_version",
     "unless_stopped",
     "with_header_timeout",
