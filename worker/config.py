@@ -83,28 +83,35 @@ class WorkerConfig:
 
 
 _FLAGS: Final[tuple[FlagSpec, ...]] = (
-    ("--model", "DYN_MODEL", None, str, "model path or name, required"),
+    ("--model", "DYN_MODEL", None, str,
+     "model path or name, required"),
     ("--served-model-name", "DYN_SERVED_MODEL_NAME", None, str,
      "the model's name in the API; default: --model"),
-    ("--component", "DYN_COMPONENT", "backend", str, ""),
-    ("--endpoint", "DYN_ENDPOINT", "generate", str, ""),
-    ("--system-host", "DYN_SYSTEM_HOST", "0.0.0.0", str, "status server's bind address"),
-    ("--system-port", "DYN_SYSTEM_PORT", 9345, int,
+    ("--component", "DYN_COMPONENT", WorkerConfig.component, str, ""),
+    ("--endpoint", "DYN_ENDPOINT", WorkerConfig.endpoint, str, ""),
+    ("--system-host", "DYN_SYSTEM_HOST", WorkerConfig.system_host, str,
+     "status server's bind address"),
+    ("--system-port", "DYN_SYSTEM_PORT", WorkerConfig.system_port, int,
      "status server's port: health, metrics, LoRA routes"),
-    ("--advertise-host", "DYN_ADVERTISE_HOST", "", str,
+    ("--advertise-host", "DYN_ADVERTISE_HOST", WorkerConfig.advertise_host, str,
      "host others reach the status server at; default: the bind address or hostname"),
-    ("--lease-ttl", "DYN_LEASE_TTL", 10, int, "etcd lease TTL in seconds"),
-    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", 10.0, float,
+    ("--lease-ttl", "DYN_LEASE_TTL", WorkerConfig.lease_ttl_s, int,
+     "etcd lease TTL in seconds"),
+    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", WorkerConfig.shutdown_grace_s, float,
      "seconds in-flight requests get to finish on SIGTERM"),
-    ("--max-loras", "DYN_MAX_LORAS", 4, int, "adapters loaded at once"),
-    ("--max-lora-rank", "DYN_MAX_LORA_RANK", 64, int, "largest adapter rank accepted"),
-    ("--lora-idle-unload-s", "DYN_LORA_IDLE_UNLOAD_S", 300.0, float,
+    ("--max-loras", "DYN_MAX_LORAS", EngineConfig.max_loras, int,
+     "adapters loaded at once"),
+    ("--max-lora-rank", "DYN_MAX_LORA_RANK", EngineConfig.max_lora_rank, int,
+     "largest adapter rank accepted"),
+    ("--lora-idle-unload-s", "DYN_LORA_IDLE_UNLOAD_S", WorkerConfig.lora_idle_unload_s, float,
      "unload an on-demand adapter idle this long"),
-    ("--context-length", "DYN_CONTEXT_LENGTH", 2048, int, "tokens of prompt plus output"),
+    ("--context-length", "DYN_CONTEXT_LENGTH", EngineConfig.context_length, int,
+     "tokens of prompt plus output"),
     ("--mocker-time-per-token-s", "DYN_MOCKER_TIME_PER_TOKEN_S", 0.0, float,
      "mocker: delay per token"),
 )  # fmt: skip
-"""The worker's own flags: (flag, variable, default, parser, help)."""
+"""The worker's own flags: (flag, variable, default, parser, help); defaults are the
+configs' own."""
 
 
 def _parser() -> argparse.ArgumentParser:
