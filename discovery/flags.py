@@ -6,15 +6,15 @@ variable, its default and its help, which names the variable. ``add_connection_f
 the flags both processes share (namespace, etcd, NATS, start-up and header timeouts), and
 ``connection_args`` reads them back.
 
-An empty variable counts as unset. A variable's text is parsed as the flag's would be, so a
-bad value ends in argparse's usage error naming the flag, never a traceback.
+An empty variable counts as unset. A variable's text is parsed as the flag's would be, and a
+bad value stops the process with one usage line naming the variable, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final, TypedDict
 
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
@@ -63,14 +63,29 @@ def env_option(
         env_option(p, "--router", "DYN_ROUTER_MODE", "round-robin", choices=["kv", ...])
     """
     named = f"env {variable}"
+    raw = os.environ.get(variable)
+    if raw:  # parsed here, so that a bad value's error names the variable
+        default = _from_env(parser, flag, variable, raw, parse, extra.get("choices"))
     parser.add_argument(
-        flag,
-        type=parse,
-        # argparse parses a str default with ``type``, and reports a bad one as usage.
-        default=os.environ.get(variable) or default,
-        help=f"{help} ({named})" if help else named,
-        **extra,
+        flag, type=parse, default=default, help=f"{help} ({named})" if help else named, **extra
     )
+
+
+def _from_env(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    variable: str,
+    raw: str,
+    parse: Callable[[str], Any],
+    choices: Collection[Any] | None,
+) -> Any:
+    try:
+        value = parse(raw)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(f"{variable}={raw!r} is not a valid {flag}: {exc}")
+    if choices is not None and value not in choices:
+        parser.error(f"{variable}={raw!r} is not a valid {flag}: choose from {sorted(choices)}")
+    return value
 
 
 def add_env_options(parser: argparse.ArgumentParser, specs: tuple[FlagSpec, ...]) -> None:

@@ -25,15 +25,33 @@ def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.parametrize(
-    ("variable", "flag"),
-    [("DYN_SYSTEM_PORT", "--system-port"), ("DYN_CONNECT_TIMEOUT_S", "--connect-timeout-s")],
+    ("variable", "value", "says"),
+    [
+        ("DYN_SYSTEM_PORT", "soon", "not a valid --system-port"),
+        ("DYN_CONNECT_TIMEOUT_S", "soon", "not a valid --connect-timeout-s"),
+        ("DYN_ENGINE", "tgi", "choose from ['hf', 'mocker', 'vllm']"),
+    ],
 )
-def test_a_bad_variable_is_a_usage_error_naming_the_flag(
-    variable: str, flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_bad_variable_is_one_usage_line_naming_it(
+    variable: str,
+    value: str,
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv(variable, "soon")
+    monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit) as exit_info:
         parse_worker_args(["--model", "m"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {flag}: invalid" in err and "'soon'" in err
+    assert f"{variable}='{value}'" in err and says in err
+    assert "Traceback" not in err
+
+
+def test_a_bad_router_variable_stops_the_frontend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DYN_ROUTER_MODE", "random")
+    with pytest.raises(SystemExit):
+        build_parser()
+    assert "DYN_ROUTER_MODE='random' is not a valid --router" in capsys.readouterr().err
