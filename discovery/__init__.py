@@ -16,6 +16,10 @@ from discovery.client import (
     EtcdClient,
     connect_etcd,
 )
+from discovery.connect import (
+    wait_for_etcd,
+    wait_for_nats,
+)
 from discovery.errors import (
     EtcdRefusedError,
     EtcdUnavailableError,
@@ -162,5 +166,7 @@ __all__ = [
     "pid_alive",
     "python_version",
     "unless_stopped",
+    "wait_for_etcd",
+    "wait_for_nats",
     "with_header_timeout",
 ]
