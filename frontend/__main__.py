@@ -37,6 +37,7 @@ from frontend.config import (
     FrontendConfig,
 )
 from frontend.dispatcher import DispatchSettings
+from frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from frontend.router import ROUTERS
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
         help="how long a request for a cold adapter waits for its load "
              "(env DYN_ON_DEMAND_TIMEOUT_S)")  # fmt: skip
+    add("--on-demand-queue", type=int,
+        default=int(_env("DYN_ON_DEMAND_QUEUE", str(DEFAULT_ON_DEMAND_QUEUE))),
+        help="requests that may wait for one adapter's on-demand load; 429 beyond "
+             "(env DYN_ON_DEMAND_QUEUE)")  # fmt: skip
     add("--connect-timeout-s", type=float,
         default=float(_env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
         help="start-up wait for NATS and etcd each, then exit 1 "
@@ -105,6 +110,7 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
             migration_limit=args.migration_limit,
         ),
         on_demand_timeout_s=args.on_demand_timeout_s,
+        on_demand_queue=args.on_demand_queue,
         connect_timeout_s=args.connect_timeout_s,
         shutdown_grace_s=args.shutdown_grace,
         header_timeout_s=args.header_timeout_s,

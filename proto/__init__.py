@@ -2,7 +2,9 @@
 
 from proto.adapters import (
     AdapterList,
+    AdapterLoadError,
     AdapterSpec,
+    AdapterState,
     AdapterStatus,
     ListLorasRequest,
     LoadLoraRequest,
@@ -116,6 +118,7 @@ from proto.openai import (
     FrontendHealth,
     ModelList,
     ModelObject,
+    ModelStatus,
     OpenAIError,
     OpenAIErrorResponse,
     StreamOptions,
@@ -149,7 +152,9 @@ from proto.vllm_lora import (
 __all__ = [
     "AUTHORIZATION_HEADER",
     "AdapterList",
+    "AdapterLoadError",
     "AdapterSpec",
+    "AdapterState",
     "AdapterStatus",
     "CancelRequest",
     "CapacityError",
@@ -204,6 +209,7 @@ __all__ = [
     "ModelDeploymentCard",
     "ModelList",
     "ModelObject",
+    "ModelStatus",
     "ModelType",
     "NatsUnavailableError",
     "NotFoundError",
