@@ -65,7 +65,7 @@ def _models(frontend_url: str) -> dict[str, object]:
 
 
 async def test_an_adapter_that_cannot_load_is_failed_with_its_error_and_answers_424_at_once(
-    lora_workers, frontend, etcd, namespace, tmp_path
+    lora_workers, frontend, etcd, etcd_url, namespace, tmp_path, capsys
 ) -> None:
     (worker,) = await asyncio.to_thread(
         lora_workers, 1, "--engine-option", 'fail_add_adapter="broken.*"'
@@ -105,6 +105,12 @@ async def test_an_adapter_that_cannot_load_is_failed_with_its_error_and_answers_
     assert listed["ghost"]["status"]["state"] == "failed"
     assert listed["ghost"]["status"]["error"]["code"] == "not_found"
     assert listed["broken"]["loaded"] is False and listed["demo"]["status"] is None
+    argv = ["lora", "list", "--etcd-endpoints", etcd_url, "--namespace", namespace,
+            "--frontend", frontend.url]  # fmt: skip
+    assert await asyncio.to_thread(lorafleet, argv) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line}
+    assert rows["ADAPTER"][:5] == ["ADAPTER", "STATE", "MIN", "MAX", "INSTANCES"]
+    assert rows["ghost"][1:5] == ["failed", "0", "0", "-"]
     await _assert_cards_match_engines([worker], etcd, namespace)
 
 
