@@ -61,7 +61,7 @@ class AdapterStates:
         loading = [f"{instance_id:x}" for instance_id in self._loads.loading(spec.name)]
         if instances:
             return StateOf("placed", instances, loading)
-        if loading or spec.name in self._loader.loading:
+        if loading or self._loader.is_loading(spec.name):
             return StateOf("loading", instances, loading)
         failure = self._failures.last(spec.name)
         if failure is not None:

@@ -8,12 +8,17 @@ clients and operators an adapter's state; it never writes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from discovery.client import EtcdClient
 from discovery.keys import load_prefix
 from discovery.watch_cache import WatchCache
 from proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
 
 __all__ = ["FleetLoads", "instance_id_of"]
+
+_T = TypeVar("_T")
 
 
 def instance_id_of(key: str) -> int | None:
@@ -25,10 +30,21 @@ def instance_id_of(key: str) -> int | None:
 
 
 class FleetLoads:
-    """The live load records of one namespace, by instance id (a worker without one: None)."""
+    """The live load records of one namespace, by instance id (a worker without one: None).
+
+    Indexed by adapter as records change, so that a status (``/v1/models`` builds
+    one per cold adapter) costs the adapter's entries, not a scan of every record.
+    """
 
     def __init__(self, cache: WatchCache[InstanceLoad]) -> None:
         self.cache = cache
+        self._by_id: dict[int, InstanceLoad] = {}
+        self._loading: dict[str, dict[int, bool]] = {}
+        self._failed: dict[str, dict[int, LoadFailure]] = {}
+        self._demand: dict[str, dict[int, float]] = {}
+        for key, load in cache.items.items():
+            self._changed(key, None, load)
+        self._unsubscribe = cache.subscribe(self._changed)
 
     @classmethod
     async def start(cls, etcd: EtcdClient, namespace: str) -> FleetLoads:
@@ -37,30 +53,56 @@ class FleetLoads:
 
     async def aclose(self) -> None:
         """Stop following etcd."""
+        self._unsubscribe()
         await self.cache.aclose()
 
-    def records(self) -> dict[int, InstanceLoad]:
-        """Every live record by instance id."""
-        found = {}
-        for key, load in self.cache.items.items():
-            instance_id = instance_id_of(key)
-            if instance_id is not None:
-                found[instance_id] = load
-        return found
+    def records(self) -> Mapping[int, InstanceLoad]:
+        """Every live record by instance id (read-only view)."""
+        return self._by_id
 
     def of(self, instance_id: int) -> InstanceLoad | None:
         """The record of ``instance_id``, or None when it publishes none (yet)."""
-        return self.records().get(instance_id)
+        return self._by_id.get(instance_id)
 
     def demand(self, adapter: str) -> float:
         """Requests per second for ``adapter`` across the fleet (the records' sum)."""
-        return sum(load.demand.get(adapter, 0.0) for load in self.cache.items.values())
+        return sum(self._demand.get(adapter, {}).values())
 
     def loading(self, adapter: str) -> list[int]:
         """Ids of the instances loading ``adapter`` now, sorted."""
-        return sorted(i for i, load in self.records().items() if adapter in load.loading)
+        return sorted(self._loading.get(adapter, ()))
 
     def failures(self, adapter: str) -> dict[int, LoadFailure]:
         """The last failed load of ``adapter`` on each instance that lists one."""
-        records = self.records().items()
-        return {i: load.failed[adapter] for i, load in records if adapter in load.failed}
+        return dict(self._failed.get(adapter, {}))
+
+    def _changed(self, key: str, old: InstanceLoad | None, new: InstanceLoad | None) -> None:
+        """Move the instance's entries in the indexes from ``old`` to ``new``."""
+        instance_id = instance_id_of(key)
+        if instance_id is None:
+            return
+        if old is not None:
+            self._by_id.pop(instance_id, None)
+            for name in old.loading:
+                _drop(self._loading, name, instance_id)
+            for name in old.failed:
+                _drop(self._failed, name, instance_id)
+            for name in old.demand:
+                _drop(self._demand, name, instance_id)
+        if new is not None:
+            self._by_id[instance_id] = new
+            for name in new.loading:
+                self._loading.setdefault(name, {})[instance_id] = True
+            for name, failure in new.failed.items():
+                self._failed.setdefault(name, {})[instance_id] = failure
+            for name, rate in new.demand.items():
+                self._demand.setdefault(name, {})[instance_id] = rate
+
+
+def _drop(index: dict[str, dict[int, _T]], name: str, instance_id: int) -> None:
+    """Remove ``instance_id`` from ``index[name]``, and the entry once it is empty."""
+    entries = index.get(name)
+    if entries is not None:
+        entries.pop(instance_id, None)
+        if not entries:
+            del index[name]

@@ -145,6 +145,10 @@ class OnDemandLoader:
         """Names of the adapters being loaded right now."""
         return sorted(self._loads)
 
+    def is_loading(self, name: str) -> bool:
+        """Whether this frontend loads adapter ``name`` right now."""
+        return name in self._loads
+
     def _forget(self, name: str) -> Callable[[asyncio.Task[ServedModel]], None]:
         def forget(task: asyncio.Task[ServedModel]) -> None:
             if self._loads.get(name) is task:
