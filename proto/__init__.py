@@ -125,8 +125,13 @@ from proto.openai import (
     UsageInfo,
 )
 from proto.placement import (
+    LOAD_BOUND_EPS,
+    RendezvousCache,
     chosen_instances,
+    may_drop_copy,
+    plan_copies,
     rendezvous_order,
+    wanted_copies,
 )
 from proto.uris import (
     is_scheme_name,
@@ -189,6 +194,7 @@ __all__ = [
     "InstanceLoad",
     "InstanceMessage",
     "InvalidRequestError",
+    "LOAD_BOUND_EPS",
     "LORA_ID_MASK",
     "ListLorasRequest",
     "LoadFailure",
@@ -216,6 +222,7 @@ __all__ = [
     "OpenAIError",
     "OpenAIErrorResponse",
     "PingRequest",
+    "RendezvousCache",
     "RuntimeConfig",
     "SamplingParams",
     "ShuttingDownError",
@@ -257,6 +264,8 @@ __all__ = [
     "lora_id",
     "lora_path_uri",
     "lora_slug",
+    "may_drop_copy",
+    "plan_copies",
     "public_uri",
     "redact_uri",
     "rendezvous_order",
@@ -272,4 +281,5 @@ __all__ = [
     "vllm_missing_unload_fields",
     "vllm_not_found",
     "vllm_success_message",
+    "wanted_copies",
 ]

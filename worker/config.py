@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -17,6 +18,7 @@ from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
+from worker.placement import PlacementPolicy
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
 
@@ -63,13 +65,23 @@ class WorkerConfig:
     """``DYN_SYSTEM_AUTH_TOKEN``: guards LoRA writes over HTTP and every update over NATS."""
     lora_idle_unload_s: float = 300.0
     """An adapter loaded on demand and not placed here is unloaded after this long idle."""
+    placement_policy: PlacementPolicy = PlacementPolicy.BOUNDED
+    """``DYN_PLACEMENT_POLICY``: ``bounded`` (demand, slots, load) or ``rendezvous`` (old)."""
+    lora_copy_rps: float = 10.0
+    """``DYN_LORA_COPY_RPS``: requests/s per copy above which the fleet adds a copy."""
+    lora_copy_cooldown_s: float = 120.0
+    """``DYN_LORA_COPY_COOLDOWN_S``: low demand this long before an extra copy goes."""
+    lora_demand_half_life_s: float = 30.0
+    """``DYN_LORA_DEMAND_HALF_LIFE_S``: half-life of the per-adapter request rates."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease TTL must be at least 1 s, got {self.lease_ttl_s}")
-        for name in ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s"):
+        positive = ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s", "lora_copy_rps",
+                    "lora_copy_cooldown_s", "lora_demand_half_life_s")  # fmt: skip
+        for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -171,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
         default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300")),
         help="unload an on-demand adapter idle this long (env DYN_LORA_IDLE_UNLOAD_S)",
     )
+    _add_placement_flags(add, env)
     add(
         "--context-length",
         type=int,
@@ -191,6 +204,25 @@ def _parser() -> argparse.ArgumentParser:
         help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
     )
     return p
+
+
+def _add_placement_flags(add: Callable[..., object], env: Callable[[str, str], str]) -> None:
+    """The fleet placement flags (``docs/fleet.md``), next to the other LoRA flags."""
+    add("--placement-policy", choices=[p.value for p in PlacementPolicy],
+        default=env("DYN_PLACEMENT_POLICY", "bounded"),
+        help="bounded: copies from demand on instances with room; rendezvous: the old fixed "
+        "replicas by hash alone (env DYN_PLACEMENT_POLICY)")  # fmt: skip
+    add("--lora-copy-rps", type=float, default=float(env("DYN_LORA_COPY_RPS", "10")),
+        help="requests/s one adapter copy serves; more demand adds a copy (a copy is "
+        "prefetched at 70%% of it) (env DYN_LORA_COPY_RPS)")  # fmt: skip
+    add("--lora-copy-cooldown-s", type=float,
+        default=float(env("DYN_LORA_COPY_COOLDOWN_S", "120")),
+        help="an extra copy is dropped after demand stayed low this long "
+        "(env DYN_LORA_COPY_COOLDOWN_S)")  # fmt: skip
+    add("--lora-demand-half-life-s", type=float,
+        default=float(env("DYN_LORA_DEMAND_HALF_LIFE_S", "30")),
+        help="half-life of the per-adapter request rates "
+        "(env DYN_LORA_DEMAND_HALF_LIFE_S)")  # fmt: skip
 
 
 def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
@@ -222,6 +254,9 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             header_timeout_s=args.header_timeout_s, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
+            placement_policy=PlacementPolicy(args.placement_policy),
+            lora_copy_rps=args.lora_copy_rps, lora_copy_cooldown_s=args.lora_copy_cooldown_s,
+            lora_demand_half_life_s=args.lora_demand_half_life_s,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))
