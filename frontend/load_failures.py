@@ -19,6 +19,7 @@ from frontend.fleet_loads import FleetLoads
 from proto.adapters import AdapterLoadError
 from proto.errors import LorafleetError
 from proto.fleet_load import LoadFailure
+from proto.uris import public_uris_in
 
 __all__ = ["FAILED_LOAD_HOLD_S", "Failure", "LoadFailures", "iso_time"]
 
@@ -44,10 +45,11 @@ class Failure:
         return self.failure.retry_at or self.failure.at + FAILED_LOAD_HOLD_S
 
     def describe(self) -> AdapterLoadError:
-        """The failure as ``/v1/adapters`` and ``/v1/models`` show it."""
+        """The failure as ``/v1/adapters``, ``/v1/models`` and the 424 show it: readers need
+        no token, so URIs are in their public form (no path on a worker's disk)."""
         failure = self.failure
         return AdapterLoadError(
-            code=failure.code, message=failure.message, at=iso_time(failure.at),
+            code=failure.code, message=public_uris_in(failure.message), at=iso_time(failure.at),
             instance=f"{self.instance_id:x}", attempts=failure.attempts,
             retry_at=iso_time(failure.retry_at) if failure.retry_at else None,
         )  # fmt: skip

@@ -136,6 +136,7 @@ from proto.placement import (
 from proto.uris import (
     is_scheme_name,
     public_uri,
+    public_uris_in,
     redact_uri,
     split_uri,
 )
@@ -267,6 +268,7 @@ __all__ = [
     "may_drop_copy",
     "plan_copies",
     "public_uri",
+    "public_uris_in",
     "redact_uri",
     "rendezvous_order",
     "replica_bounds",

@@ -122,7 +122,7 @@ async def test_a_failure_in_a_worker_s_record_is_shown_and_answered_without_a_lo
     await wait_for_models(frontend, {"demo"})
     await _apply(frontend.http, "bad", "file:///nonexistent", replicas=1)
     now = time.time()
-    failure = LoadFailure(code="not_found", message="LoRA source file:///***: no such file",
+    failure = LoadFailure(code="not_found", message="LoRA source file:///models/bad: no such file",
                           at=now, attempts=3, retry_at=now + 120)  # fmt: skip
     record = InstanceLoad(base_model="demo", max_loras=4, failed={"bad": failure},
                           demand={"bad": 0.25})  # fmt: skip
@@ -132,7 +132,8 @@ async def test_a_failure_in_a_worker_s_record_is_shown_and_answered_without_a_lo
     answer = await _complete(frontend.http, "bad")
 
     assert answer.status_code == 424, answer.text
-    assert "not_found: LoRA source file:///***: no such file" in answer.json()["error"]["message"]
+    message = answer.json()["error"]["message"]
+    assert "not_found: LoRA source file:///***/bad: no such file" in message
     assert stand_in.updates == []  # answered from the record, no load attempted
     status = (await frontend.http.get("/v1/adapters/bad")).json()
     assert (status["state"], status["demand"]) == ("failed", 0.25)
@@ -145,12 +146,35 @@ async def test_a_failure_in_a_worker_s_record_is_shown_and_answered_without_a_lo
             await asyncio.sleep(0.02)
 
 
+async def test_lora_apply_of_a_missing_source_says_failed_and_requests_get_its_error(
+    lora_workers, frontend, etcd, namespace, capsys
+) -> None:
+    (worker,) = await asyncio.to_thread(lora_workers, 1)
+    await wait_for_models(frontend, {"demo"})
+    argv = ["lora", "apply", "bad", "file:///nonexistent", "--base-model", "demo",
+            "--frontend", frontend.url]  # fmt: skip
+
+    assert await asyncio.to_thread(lorafleet, argv) == 1
+
+    printed = capsys.readouterr().out
+    assert f"bad: failed on instance {_instance_id(worker):x}" in printed
+    assert "not_found: LoRA source file:///***/nonexistent: no such file or directory" in printed
+    loads = _load_ops(worker)
+    answer = await _complete(frontend.http, "bad")
+    assert answer.status_code == 424, answer.text
+    assert "not_found: LoRA source file:///***" in answer.json()["error"]["message"]
+    assert _load_ops(worker) == loads  # answered from the worker's record, no new attempt
+    listed = {m["id"]: m for m in (await frontend.http.get("/v1/models")).json()["data"]}
+    assert listed["bad"]["status"]["state"] == "failed"
+    await _assert_cards_match_engines([worker], etcd, namespace)
+
+
 async def test_lora_apply_prints_that_an_adapter_failed_with_its_error(
     workers, nats_url, etcd, namespace, frontend, capsys
 ) -> None:
     stand_in = await StandInWorker(nats_url, etcd, namespace, "demo").start()
     workers.append(stand_in)
-    failure = LoadFailure(code="not_found", message="LoRA source file:///***: no such file",
+    failure = LoadFailure(code="not_found", message="LoRA source file:///models/bad: no such file",
                           at=time.time())  # fmt: skip
     record = InstanceLoad(base_model="demo", max_loras=4, failed={"bad": failure})
     await _put_record(etcd, namespace, stand_in.instance_id, record)
@@ -162,7 +186,7 @@ async def test_lora_apply_prints_that_an_adapter_failed_with_its_error(
 
     printed = capsys.readouterr().out
     assert f"bad: failed on instance {stand_in.instance_id:x}" in printed
-    assert "not_found: LoRA source file:///***: no such file" in printed
+    assert "not_found: LoRA source file:///***/bad: no such file" in printed
     spec = frontend.app.state.services.desired.get("bad")
     assert (spec.min_replicas, spec.max_replicas) == (1, 3)
 
@@ -179,10 +203,11 @@ async def test_on_demand_goes_to_the_instance_with_a_free_slot_when_another_is_f
     async with httpx.AsyncClient(timeout=30) as http:
         filler = await http.post(f"{full.url}/engine/update/load_lora", json=body)
     assert filler.status_code == 200, filler.text
-    # What the full worker's record says (written here: a stand-in for its publication).
-    record = InstanceLoad(base_model="demo", max_loras=1, loaded=["filler"])
-    await _put_record(etcd, namespace, first_id, record)
-    await _wait_for_record(frontend, first_id)
+    loads = frontend.app.state.services.loads
+    async with asyncio.timeout(10):  # the full worker's own record says so
+        while (loads.of(first_id) is None or loads.of(first_id).free_slots > 0
+               or loads.of(second_id) is None):  # fmt: skip
+            await asyncio.sleep(0.02)
     await _apply(frontend.http, "pirate", _uri(tmp_path, "pirate"))
 
     answer = await _complete(frontend.http, "pirate")
