@@ -3,14 +3,15 @@
 The instances serving the adapter's base model with LoRA management on (their
 base card's ``runtime_config.enable_lora``) are tried with the lifecycle's
 ``load_lora`` over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``)
-when one is set: those with a free slot first, then by fewest requests in
-flight, as their load records say (``FleetLoads``); ties, and instances that
-publish no record, keep rendezvous order (the order every worker's placement
-uses). Concurrent requests for the same cold adapter share one load, at most
-``queue_limit`` of them (429 beyond); the load runs in its own task, so a
-client that gives up does not cancel it. The answer is the served model once
-this frontend's registry shows the new card. A load that fails everywhere is
-remembered (``LoadFailures``): requests get that failure at once while it holds.
+when one is set: one already loading the adapter first, then those with a free
+slot, by fewest requests in flight, as their load records say (``FleetLoads``);
+ties, and instances that publish no record, keep rendezvous order (the order
+every worker's placement uses). Concurrent requests for the same cold adapter
+share one load, at most ``queue_limit`` of them (429 beyond); the load runs in
+its own task, so a client that gives up does not cancel it. The answer is the
+served model once this frontend's registry shows the new card. A load that
+fails everywhere is remembered (``LoadFailures``): requests get that failure at
+once while it holds.
 """
 
 from __future__ import annotations
@@ -66,16 +67,21 @@ DEFAULT_ON_DEMAND_QUEUE: Final = 256
 """Requests that may wait for one adapter's load (``--on-demand-queue``); 429 beyond."""
 
 
-def least_loaded_first(order: list[int], loads: FleetLoads) -> list[int]:
-    """``order`` (rendezvous) re-sorted: free slot first, then fewest in flight; instances
-    without a load record go after those with room and before the full ones."""
+def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> list[int]:
+    """``order`` (rendezvous) re-sorted: instances already loading ``adapter`` first (the
+    lifecycle's lock makes a second load there wait for the first: no extra copy), then
+    those with a free slot, by fewest in flight; instances without a load record go after
+    those with room and before the full ones."""
     records = loads.records()
+    loading = set(loads.loading(adapter))
 
     def rank(instance_id: int) -> tuple[int, int]:
         load = records.get(instance_id)
         if load is None:
-            return 1, 0
-        return (0 if load.free_slots > 0 else 2), load.in_flight
+            return 2, 0
+        if instance_id in loading:
+            return 0, 0
+        return (1 if load.free_slots > 0 else 3), load.in_flight
 
     return sorted(order, key=rank)  # stable: ties keep rendezvous order
 
@@ -200,7 +206,9 @@ class OnDemandLoader:
             if self._manages_adapters(base.name, instance.instance_id)
         }
         last: LorafleetError | None = None
-        for instance_id in least_loaded_first(rendezvous_order(spec.name, by_id), self._fleet):
+        for instance_id in least_loaded_first(
+            rendezvous_order(spec.name, by_id), self._fleet, spec.name
+        ):
             try:
                 await self._load_on(by_id[instance_id], spec)
             except InstanceLostError as exc:

@@ -31,8 +31,10 @@ async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
     loads = await FleetLoads.start(etcd, namespace)
     try:
         # rendezvous order as given; SILENT publishes no record (a worker from before records)
-        assert least_loaded_first([FULL, SILENT, BUSY, IDLE], loads) == [IDLE, BUSY, SILENT, FULL]
-        assert least_loaded_first([SILENT, FULL], loads) == [SILENT, FULL]
+        everyone = [FULL, SILENT, BUSY, IDLE]
+        assert least_loaded_first(everyone, loads, "a") == [IDLE, BUSY, SILENT, FULL]
+        assert least_loaded_first([SILENT, FULL], loads, "a") == [SILENT, FULL]
+        assert least_loaded_first(everyone, loads, "b") == [BUSY, IDLE, SILENT, FULL]  # joins
         assert loads.demand("a") == 2.0
         assert loads.loading("b") == [BUSY]
         assert loads.failures("bad") == {FULL: failure}
