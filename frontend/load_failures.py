@@ -3,9 +3,9 @@
 A worker lists the loads that failed there in its load record until one
 succeeds; an on-demand load that failed on every instance is remembered here
 for ``FAILED_LOAD_HOLD_S`` (its adapter may have ``replicas: 0``, so no worker
-retries it). While a failure *holds* (until the worker's ``retry_at``, else for
-``FAILED_LOAD_HOLD_S`` after it), requests get that failure at once instead of
-waiting for yet another load to fail; after it, the next request tries again.
+retries it). While a failure *holds* (until the worker's ``retry_at``, and at
+least ``FAILED_LOAD_HOLD_S`` after it), requests get that failure at once instead
+of waiting for yet another load to fail; after it, the next request tries again.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ class Failure:
 
     @property
     def hold_until(self) -> float:
-        """Until when requests get this failure without a new load (seconds since the epoch)."""
-        return self.failure.retry_at or self.failure.at + FAILED_LOAD_HOLD_S
+        """Until when requests get this failure without a new load (seconds since the epoch):
+        the worker's next try, and at least ``FAILED_LOAD_HOLD_S`` after the failure."""
+        return max(self.failure.retry_at, self.failure.at + FAILED_LOAD_HOLD_S)
 
     def describe(self) -> AdapterLoadError:
         """The failure as ``/v1/adapters``, ``/v1/models`` and the 424 show it: readers need
