@@ -21,6 +21,7 @@ import pytest
 
 from discovery.keys import load_key
 from discovery.settings import EtcdSettings
+from frontend.__main__ import build_parser, config_from_args
 from frontend.config import FrontendConfig
 from launch.cli import main as lorafleet
 from proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
@@ -244,3 +245,14 @@ async def test_requests_past_the_wait_queue_of_a_running_load_get_429(
     assert "2 requests already wait" in refused["message"]
     assert "retry later" in refused["message"]
     await _assert_cards_match_engines([worker], etcd, namespace)
+
+
+def test_the_wait_queue_bound_comes_from_its_flag_or_variable_and_is_at_least_one(
+    monkeypatch,
+) -> None:
+    monkeypatch.setenv("DYN_ON_DEMAND_QUEUE", "32")
+    assert config_from_args(build_parser().parse_args([])).on_demand_queue == 32
+    flagged = build_parser().parse_args(["--on-demand-queue", "8"])
+    assert config_from_args(flagged).on_demand_queue == 8
+    with pytest.raises(ValueError, match="on_demand_queue must be at least 1"):
+        config_from_args(build_parser().parse_args(["--on-demand-queue", "0"]))
