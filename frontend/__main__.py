@@ -41,6 +41,7 @@ from frontend.config import (
     FrontendConfig,
 )
 from frontend.dispatcher import DispatchSettings
+from frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from frontend.router import ROUTERS
 
 __all__ = ["build_parser", "config_from_args", "main"]
@@ -56,6 +57,8 @@ _FLAGS: Final[tuple[FlagSpec, ...]] = (
      "times one stream may continue on another instance when its own is lost; 0: never"),
     ("--on-demand-timeout-s", "DYN_ON_DEMAND_TIMEOUT_S", DEFAULT_ON_DEMAND_TIMEOUT_S, float,
      "how long a request for a cold adapter waits for its load"),
+    ("--on-demand-queue", "DYN_ON_DEMAND_QUEUE", DEFAULT_ON_DEMAND_QUEUE, int,
+     "requests that may wait for one adapter's on-demand load; 429 beyond"),
     ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_S, float,
      "on SIGTERM, cancel requests still running after this"),
 )  # fmt: skip
@@ -88,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
             migration_limit=args.migration_limit,
         ),
         on_demand_timeout_s=args.on_demand_timeout_s,
+        on_demand_queue=args.on_demand_queue,
         shutdown_grace_s=args.shutdown_grace,
         admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
         worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,

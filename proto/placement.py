@@ -1,23 +1,60 @@
-"""Rendezvous (highest random weight) placement of adapters on instances; pure functions.
+"""Where adapters go: rendezvous hashing with bounded loads, and copies from demand; pure.
 
-Every worker and frontend computes the same order from the same inputs, so no
-coordinator is needed: when an instance comes or goes, only the adapters that
-ranked it among their first ``replicas`` change place.
+Every worker computes the same plan from the same etcd view, so no coordinator
+is needed. Rendezvous (highest random weight) order keeps placement stable:
+when an instance comes or goes, only the adapters that ranked it among their
+chosen ones move. Bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent
+Hashing with Bounded Loads", 2018) skip an instance that is full or holds more
+than ``ceil((1 + eps) * copies / instances)`` copies, so no instance is left
+empty while another overflows. No I/O here: ``bench`` times these functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping
+from typing import Final, Literal
 
 import blake3
 
-__all__ = ["chosen_instances", "rendezvous_order"]
+__all__ = [
+    "LOAD_BOUND_EPS",
+    "RendezvousCache",
+    "chosen_instances",
+    "may_drop_copy",
+    "plan_copies",
+    "rendezvous_order",
+    "wanted_copies",
+]
+
+LOAD_BOUND_EPS: Final = 0.25
+"""Bounded loads' epsilon: an instance holds at most 1.25 times its fair share of copies."""
+PREFETCH_FRACTION: Final = 0.7
+"""Add a copy once demand per copy passes this share of the per-copy threshold (prefetch)."""
+DROP_FRACTION: Final = 0.5
+"""Drop a copy only when one fewer would each see less than this share (hysteresis)."""
+
+
+_MASK_64: Final = (1 << 64) - 1
+
+
+def _key(text: str) -> int:
+    """A 64-bit hash of ``text``; computed once per adapter and once per instance."""
+    return int.from_bytes(blake3.blake3(text.encode()).digest()[:8], "big")
+
+
+def _mix(x: int) -> int:
+    """SplitMix64's finaliser: a pair's weight from its two keys, 5x cheaper than hashing."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK_64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK_64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK_64
+    return x ^ (x >> 31)
 
 
 def _weight(adapter: str, instance_id: int) -> int:
-    digest = blake3.blake3(f"{adapter}\x00{instance_id:x}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+    return _mix(_key(adapter) ^ _key(f"{instance_id:x}"))
 
 
 def rendezvous_order(adapter: str, instance_ids: Iterable[int]) -> list[int]:
@@ -31,3 +68,231 @@ def chosen_instances(
     """The instances that should hold ``adapter``: the first ``replicas`` of its order."""
     order = rendezvous_order(adapter, instance_ids)
     return order if replicas == "all" else order[: max(replicas, 0)]
+
+
+def wanted_copies(demand_rps: float, *, copy_rps: float) -> int:
+    """Copies that keep each copy's share of ``demand_rps`` below the prefetch threshold.
+
+    The threshold is ``PREFETCH_FRACTION * copy_rps``: the next copy is loaded before the
+    current ones reach ``copy_rps``, so it is warm when they saturate.
+    """
+    if demand_rps <= 0:
+        return 0
+    return math.ceil(demand_rps / (PREFETCH_FRACTION * copy_rps))
+
+
+def may_drop_copy(demand_rps: float, copies: int, *, copy_rps: float) -> bool:
+    """Whether ``copies - 1`` copies would each see at most ``DROP_FRACTION * copy_rps``."""
+    return copies > 0 and demand_rps <= DROP_FRACTION * copy_rps * (copies - 1)
+
+
+class RendezvousCache:
+    """Rendezvous orders over one instance set, updated by difference when the set changes.
+
+    A weight is computed once per (adapter, instance): a new instance costs one hash
+    per cached adapter, not a re-ranking of every adapter.
+
+    Example::
+
+        cache = RendezvousCache()
+        cache.set_instances([1, 2, 3])
+        cache.order("pirate")  # same as rendezvous_order("pirate", [1, 2, 3])
+    """
+
+    def __init__(self) -> None:
+        self._instances: dict[int, int] = {}
+        """Instance -> its key (``_key`` of its hex id)."""
+        self._ranked: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+        """Adapter -> (its key, (-weight, -instance) ascending, i.e. best first)."""
+
+    def set_instances(self, instance_ids: Iterable[int]) -> None:
+        """Follow a new instance set: insert the new instances, remove the gone ones."""
+        new = set(instance_ids)
+        added = {iid: _key(f"{iid:x}") for iid in new if iid not in self._instances}
+        removed = {iid: key for iid, key in self._instances.items() if iid not in new}
+        if not added and not removed:
+            return
+        for iid in removed:
+            del self._instances[iid]
+        self._instances |= added
+        for adapter_key, ranked in self._ranked.values():
+            for iid, key in removed.items():
+                del ranked[bisect.bisect_left(ranked, (-_mix(adapter_key ^ key), -iid))]
+            for iid, key in added.items():
+                bisect.insort(ranked, (-_mix(adapter_key ^ key), -iid))
+
+    def retain(self, adapters: Collection[str]) -> None:
+        """Forget the orders of adapters not in ``adapters`` (deleted from the desired state)."""
+        for adapter in [name for name in self._ranked if name not in adapters]:
+            del self._ranked[adapter]
+
+    def order(self, adapter: str) -> list[int]:
+        """The instances ranked for ``adapter``, best first."""
+        return [-entry[1] for entry in self._ranked_entries(adapter)]
+
+    def _ranked_entries(self, adapter: str) -> list[tuple[int, int]]:
+        cached = self._ranked.get(adapter)
+        if cached is None:
+            adapter_key = _key(adapter)
+            ranked = sorted(
+                (-_mix(adapter_key ^ key), -iid) for iid, key in self._instances.items()
+            )
+            cached = self._ranked[adapter] = (adapter_key, ranked)
+        return cached[1]
+
+
+def plan_copies(
+    copies: Mapping[str, int],
+    slots: Mapping[int, int],
+    *,
+    held: Mapping[int, Collection[str]] | None = None,
+    eps: float = LOAD_BOUND_EPS,
+    cache: RendezvousCache | None = None,
+) -> dict[str, list[int]]:
+    """Place ``copies[adapter]`` copies of each adapter on the instances of ``slots``.
+
+    Args:
+        copies: adapter name -> copies wanted (0: none placed; more than the instances:
+            one per instance).
+        slots: instance id -> adapter slots it has (its ``max_loras``).
+        held: instance id -> adapters it holds now (cards and loads in progress). A copy
+            already held stays where it is while the bound allows (no thrash); held adapters
+            with no copies wanted take their slot (placement does not evict them).
+        eps: an instance gets at most ``ceil((1 + eps) * total * slots_i / all_slots)``
+            copies (bounded loads; equal slots: ``ceil((1 + eps) * total / instances)``).
+        cache: rendezvous orders kept between calls (``set_instances`` is called here).
+
+    Returns:
+        adapter -> the instances that should hold it (kept holders first, then rendezvous
+        order); adapters with copies wanted only. An adapter gets fewer copies than wanted
+        only when no instance with room is left. Adapters are taken by name, so every
+        caller gets the same plan.
+    """
+    held = held or {}
+    cache = cache or RendezvousCache()
+    cache.set_instances(slots)
+    wanted = {name: min(n, len(slots)) for name, n in copies.items() if n > 0}
+    room = _room(wanted, slots, held, eps)
+    plan: dict[str, list[int]] = {name: [] for name in sorted(wanted)}
+    _keep_held(plan, wanted, held, room, cache)
+    short = []
+    for name, where in plan.items():
+        if len(where) < wanted[name]:
+            _fill(name, where, wanted[name], room, cache)
+            if len(where) < wanted[name]:
+                short.append(name)
+    if short:
+        _repair(plan, short, wanted, room, cache)
+    return plan
+
+
+def _room(
+    wanted: Mapping[str, int],
+    slots: Mapping[int, int],
+    held: Mapping[int, Collection[str]],
+    eps: float,
+) -> dict[int, int]:
+    """Copies each instance may still take: its free slots, capped by the load bound."""
+    total, all_slots = sum(wanted.values()), sum(slots.values()) or 1
+    room = {}
+    for iid, n_slots in slots.items():
+        taken = sum(1 for name in held.get(iid, ()) if name not in wanted)
+        bound = math.ceil((1 + eps) * total * n_slots / all_slots)
+        room[iid] = max(0, min(n_slots - taken, bound))
+    return room
+
+
+def _keep_held(
+    plan: dict[str, list[int]],
+    wanted: Mapping[str, int],
+    held: Mapping[int, Collection[str]],
+    room: dict[int, int],
+    cache: RendezvousCache,
+) -> None:
+    """Stickiness: copies already held count as placed, best-ranked holders first."""
+    holders: dict[str, list[int]] = defaultdict(list)
+    for iid, names in held.items():
+        if iid in room:
+            for name in names:
+                if name in wanted:
+                    holders[name].append(iid)
+    for name, where in plan.items():  # by name, whatever order ``held`` came in
+        candidates = holders.get(name)
+        if not candidates:
+            continue
+        if len(candidates) > 1 and not _all_fit(candidates, wanted[name], room):
+            candidates = [-e[1] for e in cache._ranked_entries(name) if -e[1] in candidates]
+        for iid in candidates:
+            if room[iid] > 0 and len(where) < wanted[name]:
+                where.append(iid)
+                room[iid] -= 1
+
+
+def _all_fit(candidates: list[int], count: int, room: Mapping[int, int]) -> bool:
+    """Whether every holder keeps its copy, so their rank does not matter."""
+    return len(candidates) <= count and all(room[iid] > 0 for iid in candidates)
+
+
+def _fill(
+    name: str, where: list[int], count: int, room: dict[int, int], cache: RendezvousCache
+) -> None:
+    """Walk ``name``'s rendezvous order, skipping instances full or at their bound."""
+    for _, neg_iid in cache._ranked_entries(name):
+        iid = -neg_iid
+        if room[iid] > 0 and iid not in where:
+            where.append(iid)
+            room[iid] -= 1
+            if len(where) == count:
+                return
+
+
+def _repair(
+    plan: dict[str, list[int]],
+    short: list[str],
+    wanted: Mapping[str, int],
+    room: dict[int, int],
+    cache: RendezvousCache,
+) -> None:
+    """Give adapters short of copies a place by moving one copy out of a full instance.
+
+    Every instance with room already holds a short adapter (or ``_fill`` would have used
+    it), so a full instance ``j`` hands one of its copies to an instance with room that
+    lacks it, and takes the short adapter: e.g. two full instances that both dropped the
+    same adapter for a newcomer, which can hold it only once.
+    """
+    on: dict[int, list[str]] = defaultdict(list)
+    for name, where in plan.items():
+        for iid in where:
+            on[iid].append(name)
+    for name in short:
+        where = plan[name]
+        while len(where) < wanted[name] and _swap_in(name, where, plan, on, room, cache):
+            pass
+
+
+def _swap_in(
+    name: str,
+    where: list[int],
+    plan: dict[str, list[int]],
+    on: dict[int, list[str]],
+    room: dict[int, int],
+    cache: RendezvousCache,
+) -> bool:
+    """Move one copy from a full instance to one with room, and put ``name`` in its place."""
+    spare = sorted(iid for iid, left in room.items() if left > 0)
+    for iid in cache.order(name):
+        if iid in where or room[iid] > 0:
+            continue
+        for other in on[iid]:
+            target = next((k for k in spare if k not in plan[other]), None)
+            if target is None:
+                continue
+            plan[other].remove(iid)
+            plan[other].append(target)
+            on[iid].remove(other)
+            on[target].append(other)
+            room[target] -= 1
+            where.append(iid)
+            on[iid].append(name)
+            return True
+    return False

@@ -25,6 +25,7 @@ from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
+from worker.placement import PlacementPolicy
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
 
@@ -63,13 +64,23 @@ class WorkerConfig:
     """``DYN_SYSTEM_AUTH_TOKEN``: guards LoRA writes over HTTP and every update over NATS."""
     lora_idle_unload_s: float = 300.0
     """An adapter loaded on demand and not placed here is unloaded after this long idle."""
+    placement_policy: PlacementPolicy = PlacementPolicy.BOUNDED
+    """``DYN_PLACEMENT_POLICY``: ``bounded`` (demand, slots, load) or ``rendezvous`` (old)."""
+    lora_copy_rps: float = 10.0
+    """``DYN_LORA_COPY_RPS``: requests/s per copy above which the fleet adds a copy."""
+    lora_copy_cooldown_s: float = 120.0
+    """``DYN_LORA_COPY_COOLDOWN_S``: low demand this long before an extra copy goes."""
+    lora_demand_half_life_s: float = 30.0
+    """``DYN_LORA_DEMAND_HALF_LIFE_S``: half-life of the per-adapter request rates."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
             raise ValueError(f"engine must be one of {ENGINE_KINDS}, got {self.engine!r}")
         if self.lease_ttl_s < 1:
             raise ValueError(f"lease TTL must be at least 1 s, got {self.lease_ttl_s}")
-        for name in ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s"):
+        positive = ("shutdown_grace_s", "connect_timeout_s", "header_timeout_s", "lora_copy_rps",
+                    "lora_copy_cooldown_s", "lora_demand_half_life_s")  # fmt: skip
+        for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -105,6 +116,13 @@ _FLAGS: Final[tuple[FlagSpec, ...]] = (
      "largest adapter rank accepted"),
     ("--lora-idle-unload-s", "DYN_LORA_IDLE_UNLOAD_S", WorkerConfig.lora_idle_unload_s, float,
      "unload an on-demand adapter idle this long"),
+    ("--lora-copy-rps", "DYN_LORA_COPY_RPS", WorkerConfig.lora_copy_rps, float,
+     "requests/s one adapter copy serves; more demand adds a copy (a copy is prefetched "
+     "at 70%% of it)"),
+    ("--lora-copy-cooldown-s", "DYN_LORA_COPY_COOLDOWN_S", WorkerConfig.lora_copy_cooldown_s,
+     float, "an extra copy is dropped after demand stayed low this long"),
+    ("--lora-demand-half-life-s", "DYN_LORA_DEMAND_HALF_LIFE_S",
+     WorkerConfig.lora_demand_half_life_s, float, "half-life of the per-adapter request rates"),
     ("--context-length", "DYN_CONTEXT_LENGTH", EngineConfig.context_length, int,
      "tokens of prompt plus output"),
     ("--mocker-time-per-token-s", "DYN_MOCKER_TIME_PER_TOKEN_S", 0.0, float,
@@ -126,6 +144,11 @@ def _parser() -> argparse.ArgumentParser:
     env_option(p, "--engine", "DYN_ENGINE", "mocker",
                "mocker needs no model; hf runs transformers; vllm runs vLLM",
                choices=ENGINE_KINDS)  # fmt: skip
+    env_option(p, "--placement-policy", "DYN_PLACEMENT_POLICY",
+               WorkerConfig.placement_policy.value,
+               "bounded: copies from demand on instances with room; rendezvous: the old fixed "
+               "replicas by hash alone",
+               choices=[policy.value for policy in PlacementPolicy])  # fmt: skip
     p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
                    help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
                    "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
@@ -161,6 +184,9 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
+            placement_policy=PlacementPolicy(args.placement_policy),
+            lora_copy_rps=args.lora_copy_rps, lora_copy_cooldown_s=args.lora_copy_cooldown_s,
+            lora_demand_half_life_s=args.lora_demand_half_life_s,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))

@@ -7,7 +7,9 @@ The controller is the one ledger of adapters: it owns the slots (``max_loras``
 of the base card), the ids and their collisions, and eviction. Engines supply
 only ``add_adapter``/``remove_adapter`` (``AdapterBackend``) and keep a name to
 handle map; callers in the worker pass typed requests, and the engine registry
-converts them from and to the wire.
+converts them from and to the wire. When a load needs a slot, eviction takes the
+adapter the fleet asks least for (``FleetDemand``; least recently used breaks
+ties), never a pinned or busy one, nor the last warm copy of one in use.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypeAlias
 
 import msgspec
 import structlog
@@ -44,12 +46,31 @@ from proto.limits import shorten
 from proto.naming import lora_id, lora_slug
 from proto.uris import split_uri
 from worker import metrics
+from worker.demand import DemandMeter
 from worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
 from worker.lora import redact_uri
 
-__all__ = ["AdapterSource", "LoadedAdapter", "LoraController"]
+__all__ = ["AdapterSource", "ChangeListener", "FleetDemand", "LoadedAdapter", "LoraController"]
 
 log = structlog.get_logger(__name__)
+
+IN_USE_RPS: Final = 0.1
+"""Fleet demand from which an adapter is "in use": its last warm copy is never evicted."""
+
+ChangeListener: TypeAlias = Callable[[], None]
+"""Called when the loaded or loading adapters, or the requests in flight, change."""
+
+
+class FleetDemand(Protocol):
+    """What eviction needs to know about the fleet (the worker's placement answers it)."""
+
+    def demand_rps(self, name: str) -> float:
+        """Requests per second for ``name`` across the fleet, recently."""
+        ...
+
+    def copies(self, name: str) -> int:
+        """Live instances holding ``name`` now (this one included)."""
+        ...
 
 
 class AdapterSource(Protocol):
@@ -111,6 +132,15 @@ class LoraController:
         """Names holding a slot while the engine adds them (not yet in ``loaded``)."""
         self.pinned: set[str] = set()
         """Adapters never evicted to make room (the fleet's ``pinned`` desired state)."""
+        self.placed: set[str] = set()
+        """Adapters placement chose this instance for: evicted only after the others."""
+        self.loading: set[str] = set()
+        """Adapters whose load runs now (download or engine add; no card yet)."""
+        self.demand = DemandMeter()
+        """This worker's request rates per adapter (published in its load record)."""
+        self.fleet: FleetDemand | None = None
+        """The fleet's demand and copies; without it eviction sees this worker alone."""
+        self.on_change: ChangeListener = lambda: None
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
         self._busy: Counter[str] = Counter()
@@ -121,11 +151,30 @@ class LoraController:
         """Mark ``model`` busy while a request runs; busy adapters are never evicted."""
         self._busy[model] += 1
         self._last_used[model] = time.monotonic()
+        if model in self.loaded:
+            self.demand.record(model)
+        self.on_change()
         try:
             yield
         finally:
             self._busy[model] -= 1
             self._last_used[model] = time.monotonic()
+            self.on_change()
+
+    @property
+    def base_model(self) -> str:
+        """The base model's name (its card's ``display_name``)."""
+        return self._base_card.display_name
+
+    @property
+    def max_loras(self) -> int:
+        """Adapter slots: adapters loaded or loading at once."""
+        return self._max_loras
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now (base model and adapters)."""
+        return sum(self._busy.values())
 
     def idle_s(self, name: str) -> float:
         """Seconds since ``name`` was loaded or last served a request; 0 while busy."""
@@ -145,11 +194,12 @@ class LoraController:
         """Load and publish an adapter; idempotent for a name loaded from the same URI."""
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         uri = self._check_uri(name, request.source.uri)
-        async with self._lock(name):
-            started = time.perf_counter()
-            with _counted("load", name):
-                message = await self._load_locked(name, uri)
-            metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
+        with self._loading(name):
+            async with self._lock(name):
+                started = time.perf_counter()
+                with _counted("load", name):
+                    message = await self._load_locked(name, uri)
+                metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
         self._observe_slots()
         return LoraResponse(
             status="success", message=message, lora_name=name, lora_id=lora_id(name)
@@ -163,12 +213,25 @@ class LoraController:
                 adapter = self._loaded_or_error(name)
                 await self._unload_locked(name, adapter)
         self._observe_slots()
+        self.on_change()
         return LoraResponse(
             status="success",
             message=f"adapter {name!r} unloaded",
             lora_name=name,
             lora_id=adapter.lora_id,
         )
+
+    @contextlib.contextmanager
+    def _loading(self, name: str) -> Iterator[None]:
+        """Show ``name`` as loading while its load runs (the load record's ``loading``)."""
+        if name not in self.loaded:
+            self.loading.add(name)
+            self.on_change()
+        try:
+            yield
+        finally:
+            self.loading.discard(name)
+            self.on_change()
 
     def _observe_slots(self) -> None:
         """Publish the slots and loaded adapters as metrics (vLLM's ``lora_requests_info``)."""
@@ -238,24 +301,43 @@ class LoraController:
             victim = self._eviction_candidate()
             if victim is None:
                 raise CapacityError(
-                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy; all "
+                    f"cannot load adapter {name!r}: every adapter slot is pinned, busy or the last "
+                    f"warm copy of an adapter in use; all "
                     f"{self._max_loras} adapter slots are taken by "
                     f"{sorted([*self.loaded, *self._adding])}; unload one first",
                     lora_name=name,
                 )
-            log.info("evicting least recently used adapter", adapter=victim, for_adapter=name)
+            log.info("evicting the adapter the fleet asks least for", adapter=victim,
+                     for_adapter=name, fleet_demand_rps=self._fleet_demand(victim))  # fmt: skip
             async with self._lock(victim):
                 if victim in self.loaded:
                     await self._unload_locked(victim, self.loaded[victim])
         self._adding.add(name)
 
     def _eviction_candidate(self) -> str | None:
+        """Not placed here before placed, then the least fleet demand, then least recently used."""
         free = [
             name
             for name in self.loaded
-            if name not in self.pinned and not self._busy[name] and not self._lock(name).locked()
+            if name not in self.pinned
+            and not self._busy[name]
+            and not self._lock(name).locked()
+            and not self._last_warm_copy_in_use(name)
         ]
-        return min(free, key=lambda name: self._last_used.get(name, 0.0), default=None)
+        return min(
+            free,
+            key=lambda name: (
+                name in self.placed, self._fleet_demand(name), self._last_used.get(name, 0.0)
+            ),
+            default=None,
+        )  # fmt: skip
+
+    def _fleet_demand(self, name: str) -> float:
+        return self.demand.rate(name) if self.fleet is None else self.fleet.demand_rps(name)
+
+    def _last_warm_copy_in_use(self, name: str) -> bool:
+        copies = 1 if self.fleet is None else self.fleet.copies(name)
+        return copies <= 1 and self._fleet_demand(name) >= IN_USE_RPS
 
     async def _reload(self, name: str, uri: str, existing: LoadedAdapter) -> str:
         if existing.uri != uri:

@@ -1,132 +1,259 @@
-"""Fleet placement inside one worker: load what rendezvous hashing gives it, unload the rest.
+"""Fleet placement inside one worker: load what the fleet-wide plan gives it, unload the rest.
 
-Each worker watches the desired state (``v1/adapters/{ns}/``) and the base
-cards of its peers (``v1/mdc/{ns}/``) and converges by itself; there is no
-coordinator. Loads and unloads go through the same ``LoraController`` as the
-admin routes (locks, publish, rollback).
+Each worker watches the desired state (``v1/adapters/{ns}/``), the cards of its
+peers (``v1/mdc/{ns}/``) and their load records (``v1/load/{ns}/``), computes the
+same plan as every other worker (``proto.placement.plan_copies``: copies from
+fleet demand, rendezvous order with bounded loads, held copies stay) and
+converges by itself; there is no coordinator. Loads and unloads go through the
+same ``LoraController`` as the admin routes (locks, publish, rollback); failed
+loads back off (``worker.load_retries``); ``worker.load_report`` publishes this
+worker's slots, demand and failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import time
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Final
 
 import structlog
 
 from discovery.client import EtcdClient
-from discovery.keys import adapters_prefix, card_prefix, parse_card_key
+from discovery.keys import adapters_prefix, card_prefix, load_prefix, parse_card_key
+from discovery.lease import LeaseKeeper
 from discovery.watch_cache import WatchCache
 from proto.adapters import (
     AdapterSpec,
     LoadLoraRequest,
     UnloadLoraRequest,
     decode_adapter_spec,
+    replica_bounds,
 )
 from proto.discovery import ModelDeploymentCard, decode_card
 from proto.errors import LorafleetError
-from proto.placement import chosen_instances
+from proto.fleet_load import InstanceLoad, decode_instance_load
+from proto.placement import RendezvousCache, chosen_instances, plan_copies
+from worker.copy_targets import CopyTargets
+from worker.demand import DemandMeter
+from worker.load_report import LoadReport
+from worker.load_retries import LoadRetries
 from worker.lora_controller import LoraController
 
-__all__ = ["Placement"]
+__all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 
 log = structlog.get_logger(__name__)
 
 DEBOUNCE_S: Final = 0.05
+MIN_PASS_INTERVAL_S: Final = 0.25
+"""Passes start at most this often: load records change with every request."""
 RECHECK_S: Final = 5.0
-"""Re-run placement this often even without changes: retries failed loads, unloads idle ones."""
+"""Re-run placement this often even without changes: unloads idle copies."""
+
+
+class PlacementPolicy(enum.Enum):
+    """How copies are chosen: ``bounded`` (default) or the old ``rendezvous`` (for benchmarks)."""
+
+    BOUNDED = "bounded"
+    """Copies from demand between the bounds; rendezvous order skipping full or loaded instances."""
+    RENDEZVOUS = "rendezvous"
+    """``replicas`` copies (the lower bound) on the first instances of the rendezvous order."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementSettings:
+    """The worker's placement knobs (flags ``--placement-policy``, ``--lora-copy-*``).
+
+    Example::
+
+        PlacementSettings()                                  # the defaults
+        PlacementSettings(copy_rps=2.0, cooldown_s=1.0)      # tests: copies come and go fast
+    """
+
+    policy: PlacementPolicy = PlacementPolicy.BOUNDED
+    idle_unload_s: float = 300.0
+    """An adapter loaded on demand and not placed here is unloaded after this long idle."""
+    copy_rps: float = 10.0
+    """Requests per second one copy serves before the fleet wants another."""
+    cooldown_s: float = 120.0
+    """An extra copy goes only after demand stayed low this long."""
+    demand_half_life_s: float = 30.0
+    """Half-life of the demand counters."""
+
+    def __post_init__(self) -> None:
+        for name in ("copy_rps", "cooldown_s", "demand_half_life_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 class Placement:
-    """Keeps this instance's adapters equal to its rendezvous share of the desired state."""
+    """Keeps this instance's adapters equal to its share of the fleet-wide plan."""
 
     def __init__(
         self,
         *,
         controller: LoraController,
         instance_id: int,
-        base_model: str,
         specs: WatchCache[AdapterSpec],
         cards: WatchCache[ModelDeploymentCard],
-        idle_unload_s: float,
+        loads: WatchCache[InstanceLoad],
+        settings: PlacementSettings,
     ) -> None:
         self._controller = controller
         self._instance_id = instance_id
-        self._base_model = base_model
+        self._base_model = controller.base_model
         self._specs = specs
         self._cards = cards
-        self._idle_unload_s = idle_unload_s
+        self._loads = loads
+        self._settings = settings
+        self._targets = CopyTargets(copy_rps=settings.copy_rps, cooldown_s=settings.cooldown_s)
+        self._retries = LoadRetries()
+        self._orders = RendezvousCache()
         self._placed: set[str] = set()
         self._on_demand: set[str] = set()
         """Loaded here while desired but not placed here: loaded on a frontend's demand."""
         self._changed = asyncio.Event()
+        self._report: LoadReport | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
         cls,
         etcd: EtcdClient,
+        lease: LeaseKeeper,
         *,
+        load_key: str,
         namespace: str,
         controller: LoraController,
-        instance_id: int,
-        base_model: str,
-        idle_unload_s: float,
+        settings: PlacementSettings,
     ) -> Placement:
-        """Watch the desired state and the peers, and converge from now on."""
+        """Publish the load record, watch the fleet, and converge from now on."""
         specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
         cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
+        loads = await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load)
         placement = cls(
-            controller=controller, instance_id=instance_id, base_model=base_model,
-            specs=specs, cards=cards, idle_unload_s=idle_unload_s,
+            controller=controller, instance_id=lease.lease_id, specs=specs, cards=cards,
+            loads=loads, settings=settings,
         )  # fmt: skip
-        for cache in (specs, cards):
+        controller.demand = DemandMeter(half_life_s=settings.demand_half_life_s)
+        controller.fleet = placement
+        placement._report = LoadReport.start(
+            lease, load_key, controller=controller, failures=lambda: placement._retries.failures
+        )
+        for cache in (specs, cards, loads):
             cache.subscribe(lambda *_: placement._changed.set())
         placement._changed.set()
         placement._task = asyncio.create_task(placement._placement_loop(), name="placement")
         return placement
 
     async def aclose(self) -> None:
-        """Stop converging (adapters stay loaded until the worker stops)."""
+        """Stop converging and delete the load record (adapters stay until the worker stops)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self._specs.aclose()
-        await self._cards.aclose()
+        if self._report is not None:
+            await self._report.aclose()
+        self._controller.fleet = None
+        for cache in (self._specs, self._cards, self._loads):
+            await cache.aclose()
 
-    def peers(self) -> list[int]:
-        """Live instances (this one included) that serve the same base model and load adapters."""
-        peers = {self._instance_id}
+    def peers(self) -> dict[int, int]:
+        """Live instances (this one included) serving the same base model with adapters,
+        with their adapter slots."""
+        peers = {self._instance_id: self._controller.max_loras}
         for key, card in self._cards.items.items():
             same_base = card.lora is None and card.display_name == self._base_model
             if same_base and card.runtime_config.enable_lora:
-                peers.add(parse_card_key(key)[1])
-        return sorted(peers)
+                peers[parse_card_key(key)[1]] = card.runtime_config.max_loras
+        return peers
+
+    def demand_rps(self, name: str) -> float:
+        """Requests per second for ``name`` across the fleet: the peers' load records, and
+        this worker's own counter (fresher than its record)."""
+        others = sum(load.demand.get(name, 0.0) for load in self._peer_loads())
+        return others + self._controller.demand.rate(name)
+
+    def copies(self, name: str) -> int:
+        """Live instances whose cards show ``name`` now."""
+        return sum(1 for card in self._cards.items.values() if card.lora and card.lora.name == name)
+
+    def _peer_loads(self) -> list[InstanceLoad]:
+        """The other instances' load records for this base model."""
+        return [
+            load
+            for key, load in self._loads.items.items()
+            if load.base_model == self._base_model and _load_instance(key) != self._instance_id
+        ]
 
     async def _placement_loop(self) -> None:
+        last_pass = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), RECHECK_S)
+                await asyncio.wait_for(self._changed.wait(), self._recheck_in_s())
             self._changed.clear()
-            await asyncio.sleep(DEBOUNCE_S)
+            await asyncio.sleep(max(DEBOUNCE_S, last_pass + MIN_PASS_INTERVAL_S - time.monotonic()))
+            last_pass = time.monotonic()
             try:
                 await self.reconcile()
             except Exception:
                 log.exception("placement pass failed; retrying")
 
+    def _recheck_in_s(self) -> float:
+        """Until the next retry, cool-down end or periodic pass, whichever comes first."""
+        waits = [RECHECK_S, self._retries.next_retry_in_s(), self._targets.next_drop_in_s()]
+        return min(wait for wait in waits if wait is not None)
+
+    def plan(self) -> dict[str, list[int]]:
+        """The fleet-wide plan for this base model: adapter -> instances that should hold it."""
+        specs = self._my_specs()
+        peers = self.peers()
+        self._targets.retain(specs)
+        self._orders.retain(specs)
+        if self._settings.policy is PlacementPolicy.RENDEZVOUS:
+            return {
+                name: chosen_instances(name, replica_bounds(spec)[0], peers)
+                for name, spec in specs.items()
+            }  # fmt: skip
+        copies = {name: self._target(spec, len(peers)) for name, spec in specs.items()}
+        return plan_copies(copies, peers, held=self._held(peers), cache=self._orders)
+
+    def _target(self, spec: AdapterSpec, instances: int) -> int:
+        low, high = (instances if n == "all" else n for n in replica_bounds(spec))
+        demand = self.demand_rps(spec.name)
+        return self._targets.target(spec.name, low=low, high=high, demand_rps=demand)
+
+    def _held(self, peers: dict[int, int]) -> dict[int, set[str]]:
+        """Instance -> adapters it has a card for or is loading now."""
+        held: dict[int, set[str]] = defaultdict(set)
+        for key, card in self._cards.items.items():
+            if card.lora is not None and card.lora.base_model == self._base_model:
+                held[parse_card_key(key)[1]].add(card.lora.name)
+        for key, load in self._loads.items.items():
+            if (iid := _load_instance(key)) in peers:
+                held[iid].update(load.loading)
+        return held
+
+    def _my_specs(self) -> dict[str, AdapterSpec]:
+        specs = self._specs.items.values()
+        return {spec.name: spec for spec in specs if spec.base_model == self._base_model}
+
     async def reconcile(self) -> None:
         """One pass: load what this instance is chosen for, unload what it no longer is."""
-        specs = {s.name: s for s in self._specs.items.values() if s.base_model == self._base_model}
-        peers = self.peers()
-        mine = {
-            name for name, spec in specs.items()
-            if self._instance_id in chosen_instances(name, spec.replicas, peers)
-        }  # fmt: skip
-        self._controller.pinned = {name for name in mine if specs[name].pinned}
-        for name in sorted(mine - self._controller.loaded.keys()):
-            await self._load(specs[name])
-        self._on_demand &= self._controller.loaded.keys()  # evicted or unloaded meanwhile
-        for name in sorted(self._controller.loaded.keys() - mine):
+        specs = self._my_specs()
+        mine = {name for name, where in self.plan().items() if self._instance_id in where}
+        controller = self._controller
+        controller.pinned = {name for name in mine if specs[name].pinned}
+        controller.placed = mine
+        self._retries.retain(mine)
+        self._placed |= mine & controller.loaded.keys()
+        for name in sorted(mine - controller.loaded.keys()):
+            if self._retries.due(name):
+                await self._load(specs[name])
+        self._on_demand &= controller.loaded.keys()  # evicted or unloaded meanwhile
+        for name in sorted(controller.loaded.keys() - mine):
             if name in specs and name not in self._placed:
                 self._on_demand.add(name)
             if self._should_unload(name, name in specs):
@@ -136,14 +263,17 @@ class Placement:
         idle_s = self._controller.idle_s(name)
         if name in self._placed or (name in self._on_demand and not desired):
             return idle_s > 0  # no longer chosen, or deleted from the desired state: once idle
-        return desired and idle_s > self._idle_unload_s  # on demand: keep while recently used
+        return desired and idle_s > self._settings.idle_unload_s  # on demand: while used
 
     async def _load(self, spec: AdapterSpec) -> None:
         try:
             await self._controller.load(LoadLoraRequest(lora_name=spec.name, source=spec.source))
         except LorafleetError as exc:
-            log.warning("placement could not load adapter", adapter=spec.name, error=exc.message)
+            self._retries.failed(spec.name, spec.source.uri, exc)
+            if self._report is not None:
+                self._report.mark_changed()
             return
+        self._retries.succeeded(spec.name)  # the controller's change marks the record
         self._placed.add(spec.name)
         log.info("placement loaded adapter", adapter=spec.name)
 
@@ -156,3 +286,8 @@ class Placement:
         self._placed.discard(name)
         self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)
+
+
+def _load_instance(key: str) -> int:
+    """The instance id at the end of a load record's key."""
+    return int(key.rsplit("/", 1)[1], 16)

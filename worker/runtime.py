@@ -27,7 +27,7 @@ import structlog
 
 from discovery.client import EtcdClient
 from discovery.connect import wait_for_etcd, wait_for_nats
-from discovery.keys import instance_key
+from discovery.keys import instance_key, load_key
 from discovery.lease import LeaseKeeper
 from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
@@ -40,7 +40,7 @@ from worker.engine import LLMEngine
 from worker.engine_registry import EngineRegistry
 from worker.engines import create_engine
 from worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
-from worker.placement import Placement
+from worker.placement import Placement, PlacementSettings
 from worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
@@ -112,7 +112,7 @@ class WorkerRuntime:
         await self._start_engine(endpoint)
         self._open_updates(status, endpoint)
         await self._publish(lease, endpoint)
-        placement = await self._start_placement(etcd, lease.lease_id)
+        placement = await self._start_placement(etcd, lease)
         status.phase = WorkerPhase.READY
         log.info("worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject)
         return status, endpoint, lease, placement
@@ -191,14 +191,20 @@ class WorkerRuntime:
         await lease.put(key, encode_record(instance))
         await endpoint.register_model(self.engine.base_card())
 
-    async def _start_placement(self, etcd: EtcdClient, instance_id: int) -> Placement | None:
+    async def _start_placement(self, etcd: EtcdClient, lease: LeaseKeeper) -> Placement | None:
         """Follow the fleet's desired state when this engine manages adapters."""
         if not isinstance(self.engine, AdapterEngine) or self.engine.lora is None:
             return None
+        cfg = self.config
+        settings = PlacementSettings(
+            policy=cfg.placement_policy, idle_unload_s=cfg.lora_idle_unload_s,
+            copy_rps=cfg.lora_copy_rps, cooldown_s=cfg.lora_copy_cooldown_s,
+            demand_half_life_s=cfg.lora_demand_half_life_s,
+        )  # fmt: skip
+        key = load_key(cfg.namespace, cfg.component, cfg.endpoint, lease.lease_id)
         return await Placement.start(
-            etcd, namespace=self.config.namespace, controller=self.engine.lora,
-            instance_id=instance_id, base_model=self.engine.config.model_name,
-            idle_unload_s=self.config.lora_idle_unload_s,
+            etcd, lease, load_key=key, namespace=cfg.namespace, controller=self.engine.lora,
+            settings=settings,
         )  # fmt: skip
 
     async def _shutdown(

@@ -1,4 +1,5 @@
-"""Fixtures of the frontend tests: an in-process frontend on a real port, stand-in workers."""
+"""Fixtures of the frontend tests: an in-process frontend on a real port, stand-in workers,
+real mocker workers with LoRA management on."""
 
 from __future__ import annotations
 

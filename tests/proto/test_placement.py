@@ -1,8 +1,18 @@
-"""Rendezvous placement: deterministic, and minimal movement when instances come and go."""
+"""Placement: deterministic, bounded, sticky, and minimal movement when instances come and go."""
 
 from __future__ import annotations
 
-from proto.placement import chosen_instances, rendezvous_order
+import math
+
+from proto.placement import (
+    LOAD_BOUND_EPS,
+    RendezvousCache,
+    chosen_instances,
+    may_drop_copy,
+    plan_copies,
+    rendezvous_order,
+    wanted_copies,
+)
 
 ADAPTERS = [f"adapter-{i}" for i in range(200)]
 
@@ -29,3 +39,81 @@ def test_a_leaving_instance_moves_only_its_own_adapters() -> None:
     before = {a: set(chosen_instances(a, 2, [1, 2, 3, 4])) for a in ADAPTERS}
     after = {a: set(chosen_instances(a, 2, [1, 2, 3])) for a in ADAPTERS}
     assert all(before[a] == after[a] for a in ADAPTERS if 4 not in before[a])
+
+
+def _held(plan: dict[str, list[int]]) -> dict[int, set[str]]:
+    held: dict[int, set[str]] = {}
+    for name, where in plan.items():
+        for iid in where:
+            held.setdefault(iid, set()).add(name)
+    return held
+
+
+def test_eight_single_copies_fill_four_instances_of_two_slots_evenly() -> None:
+    """The issue's case: rendezvous alone placed 6 on 3 instances and left one empty."""
+    plan = plan_copies({f"a{i}": 1 for i in range(8)}, {1: 2, 2: 2, 3: 2, 4: 2})
+    assert all(len(where) == 1 for where in plan.values())
+    assert sorted(len(names) for names in _held(plan).values()) == [2, 2, 2, 2]
+
+
+def test_an_instance_without_a_free_slot_gets_nothing_while_another_has_room() -> None:
+    full = {1: {"hand-a", "hand-b"}}  # loaded by hand, not desired: they keep their slots
+    plan = plan_copies({name: 1 for name in ADAPTERS[:6]}, {1: 2, 2: 4, 3: 4}, held=full)
+    assert all(1 not in where for where in plan.values())
+    assert all(len(where) == 1 for where in plan.values())
+
+
+def test_no_instance_holds_more_than_its_bound() -> None:
+    slots = {iid: 100 for iid in range(1, 9)}
+    plan = plan_copies({name: 2 for name in ADAPTERS}, slots)
+    loads = [len(names) for names in _held(plan).values()]
+    assert max(loads) <= math.ceil((1 + LOAD_BOUND_EPS) * 400 / 8)
+    assert all(len(where) == 2 for where in plan.values())
+
+
+def test_copies_already_held_stay_where_they_are() -> None:
+    slots = {1: 100, 2: 100, 3: 100, 4: 100}
+    before = plan_copies({name: 1 for name in ADAPTERS}, slots)
+    moved_by_hand = {name: [iid % 4 + 1 for iid in where] for name, where in before.items()}
+    after = plan_copies({name: 1 for name in ADAPTERS}, slots, held=_held(moved_by_hand))
+    assert after == moved_by_hand
+
+
+def test_adding_or_removing_an_instance_moves_few_adapters() -> None:
+    cache = RendezvousCache()
+    slots = {iid: 200 for iid in range(1, 6)}
+    before = plan_copies({name: 2 for name in ADAPTERS}, slots, cache=cache)
+    grown = plan_copies({name: 2 for name in ADAPTERS}, {**slots, 6: 200}, cache=cache)
+    moved = [name for name in ADAPTERS if set(before[name]) != set(grown[name])]
+    assert all(6 in grown[name] for name in moved)
+    assert len(moved) < len(ADAPTERS) * 0.5  # about a third: 2 of 6 copies
+
+    del slots[5]
+    shrunk = plan_copies({name: 2 for name in ADAPTERS}, slots, held=_held(before), cache=cache)
+    assert all(set(shrunk[name]) == set(before[name]) for name in ADAPTERS if 5 not in before[name])
+
+
+def test_the_cache_ranks_as_rendezvous_order_does_after_changes() -> None:
+    cache = RendezvousCache()
+    for ids in ([1, 2, 3], [1, 2, 3, 4, 5], [2, 5, 9]):
+        cache.set_instances(ids)
+        assert all(cache.order(name) == rendezvous_order(name, ids) for name in ADAPTERS[:20])
+
+
+def test_copies_grow_before_saturation_and_shrink_with_hysteresis() -> None:
+    assert wanted_copies(0.0, copy_rps=10) == 0
+    assert wanted_copies(6.9, copy_rps=10) == 1
+    assert wanted_copies(7.1, copy_rps=10) == 2  # prefetch: before one copy reaches 10/s
+    assert not may_drop_copy(6.0, 2, copy_rps=10)  # between 5 and 7: keep both
+    assert may_drop_copy(4.0, 2, copy_rps=10)
+    assert may_drop_copy(0.0, 1, copy_rps=10)
+
+
+def test_a_newcomer_beside_two_full_holders_leaves_no_adapter_short() -> None:
+    """Both holders drop copies for the newcomer; when they drop the same adapter, another
+    copy moves to the newcomer so that adapter still gets two instances."""
+    names = [f"fleet{i}" for i in range(10)]
+    held = {1: set(names), 2: set(names)}
+    plan = plan_copies({name: 2 for name in names}, {1: 10, 2: 10, 3: 10}, held=held)
+    assert all(len(set(where)) == 2 for where in plan.values())
+    assert sorted(len(names) for names in _held(plan).values()) == [2, 9, 9]

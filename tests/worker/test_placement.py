@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import math
 from pathlib import Path
 
 import httpx
-import msgspec
 import pytest
 
-from discovery.keys import adapter_key
-from proto.adapters import AdapterSpec, LoraSource
-from proto.discovery import decode_card
-from proto.naming import lora_slug
-from proto.placement import chosen_instances
+from proto.adapters import AdapterSpec
+from proto.placement import LOAD_BOUND_EPS, rendezvous_order
 from tests.worker.adapters import make_adapter_dir
+from tests.worker.fleet import (
+    assert_invariant_everywhere,
+    holders,
+    instance_id,
+    per_instance,
+    put_spec,
+    wait_for_holders,
+)
 
 NAMES = [f"fleet{i}" for i in range(10)]
 TTL_S = 2
@@ -24,80 +28,93 @@ TTL_S = 2
 @pytest.fixture
 async def specs(etcd, namespace, tmp_path: Path) -> list[AdapterSpec]:
     """Ten adapters at replicas 2, written as desired state."""
-    written = []
-    for name in NAMES:
-        uri = f"file://{make_adapter_dir(tmp_path / 'adapters', name)}"
-        spec = AdapterSpec(name=name, base_model="demo", source=LoraSource(uri=uri), replicas=2)
-        await etcd.put(adapter_key(namespace, lora_slug(name)).encode(), msgspec.json.encode(spec))
-        written.append(spec)
-    return written
+    return [await put_spec(etcd, namespace, tmp_path / "adapters", n, replicas=2) for n in NAMES]
 
 
 @pytest.fixture
 def fleet_worker(worker_factory, tmp_path: Path):
-    def start(**kwargs):
+    def start(*args: str, max_loras: int = 10, **kwargs):
         env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
-        return worker_factory("--enable-lora", "--max-loras", "10", env=env, **kwargs)
+        flags = ("--enable-lora", "--max-loras", str(max_loras), *args)
+        return worker_factory(*flags, env=env, **kwargs)
 
     return start
 
 
-async def _holders(etcd, namespace: str) -> tuple[dict[str, set[int]], set[int]]:
-    """Adapter name -> instances with its card, and the instances with a base card."""
-    holders: dict[str, set[int]] = defaultdict(set)
-    bases = set()
-    for kv in await etcd.get_prefix(f"v1/mdc/{namespace}/".encode()):
-        card = decode_card(kv.value)
-        instance = int(kv.key.decode().split("/")[5], 16)
-        if card.lora:
-            holders[card.lora.name].add(instance)
-        else:
-            bases.add(instance)
-    return dict(holders), bases
+def _placed(instances: int, copies: int = 2, names: list[str] = NAMES):
+    """Every adapter on ``copies`` of ``instances`` live instances, none over its load bound."""
+    bound = math.ceil((1 + LOAD_BOUND_EPS) * copies * len(names) / instances)
 
+    def done(where, bases) -> bool:
+        return (
+            len(bases) == instances
+            and all(len(where.get(name, ())) == copies for name in names)
+            and all(on <= bases for on in where.values())
+            and max(per_instance(where).values(), default=0) <= bound
+        )
 
-async def _converged(etcd, namespace: str, timeout_s: float, instances: int) -> dict[str, set[int]]:
-    """Wait until ``instances`` live instances hold every adapter exactly where placement says."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            holders, bases = await _holders(etcd, namespace)
-            expected = {name: set(chosen_instances(name, 2, bases)) for name in NAMES}
-            if len(bases) == instances and holders == expected:
-                return holders
-            await asyncio.sleep(0.1)
-
-
-async def _assert_invariant_everywhere(workers, etcd, namespace: str) -> None:
-    holders, _ = await _holders(etcd, namespace)
-    for worker in workers:
-        async with httpx.AsyncClient(base_url=worker.url) as client:
-            health = (await client.get("/health")).json()
-            loaded = (await client.post("/engine/update/list_loras", json={})).json()["loras"]
-        instance = int(health["instance_id"], 16)
-        carded = {name for name, where in holders.items() if instance in where}
-        assert carded == set(loaded), f"worker {instance:x}"
+    return done
 
 
 async def test_fleet_places_each_adapter_on_two_instances_and_heals(
     fleet_worker, specs, etcd, namespace
 ):
     workers = [await asyncio.to_thread(fleet_worker) for _ in range(3)]
-    placed = await _converged(etcd, namespace, timeout_s=20, instances=3)
-    assert all(len(where) == 2 for where in placed.values())
+    await wait_for_holders(etcd, namespace, _placed(3), timeout_s=20)
 
     workers[0].kill()
-    await _converged(etcd, namespace, timeout_s=TTL_S + 2, instances=2)
+    await wait_for_holders(etcd, namespace, _placed(2), timeout_s=TTL_S + 5)
 
-    before, bases_before = await _holders(etcd, namespace)
+    before, bases_before = await holders(etcd, namespace)
     workers.append(await asyncio.to_thread(fleet_worker))
-    after = await _converged(etcd, namespace, timeout_s=20, instances=3)
-    _, bases_after = await _holders(etcd, namespace)
+    after = await wait_for_holders(etcd, namespace, _placed(3), timeout_s=20)
+    _, bases_after = await holders(etcd, namespace)
     (newcomer_id,) = bases_after - bases_before
     moved = [name for name in NAMES if before[name] != after[name]]
+    assert moved, "the newcomer got no copy: the survivors stayed above the load bound"
     assert all(newcomer_id in after[name] for name in moved)
     assert all(len(before[name] - after[name]) == 1 for name in moved)  # one copy moved, not two
 
     await asyncio.to_thread(workers[1].terminate)
     workers[1] = await asyncio.to_thread(fleet_worker)  # restarted: reloads its share by itself
-    await _converged(etcd, namespace, timeout_s=20, instances=3)
-    await _assert_invariant_everywhere(workers[1:], etcd, namespace)
+    await wait_for_holders(etcd, namespace, _placed(3), timeout_s=20)
+    await assert_invariant_everywhere(workers[1:], etcd, namespace)
+
+
+async def test_eight_single_copies_fill_four_workers_of_two_slots(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    """The issue's case: rendezvous alone left one worker empty and two adapters unplaced."""
+    workers = [await asyncio.to_thread(fleet_worker, max_loras=2) for _ in range(4)]
+    names = [f"eight{i}" for i in range(8)]
+    for name in names:
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=1)
+
+    where = await wait_for_holders(etcd, namespace, _placed(4, 1, names), timeout_s=30)
+    assert sorted(per_instance(where).values()) == [2, 2, 2, 2]
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+
+async def test_a_full_instance_gets_no_new_placement_while_another_has_room(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    full, roomy = [await asyncio.to_thread(fleet_worker, max_loras=2) for _ in range(2)]
+    full_id, roomy_id = await instance_id(full), await instance_id(roomy)
+    async with httpx.AsyncClient(base_url=full.url) as client:
+        for name in ("hand0", "hand1"):  # loaded by hand: not desired, and they keep their slots
+            uri = f"file://{make_adapter_dir(tmp_path / 'hand', name)}"
+            body = {"lora_name": name, "source": {"uri": uri}}
+            assert (await client.post("/v1/loras", json=body)).status_code == 200
+    # adapters whose rendezvous order puts the full instance first
+    names = [
+        n for i in range(40) if rendezvous_order(n := f"want{i}", [full_id, roomy_id])[0] == full_id
+    ][:2]
+    for name in names:
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=1)
+
+    where = await wait_for_holders(
+        etcd, namespace, lambda w, _: all(len(w.get(n, ())) == 1 for n in names), timeout_s=20
+    )
+    assert all(where[name] == {roomy_id} for name in names)
+    assert where["hand0"] == where["hand1"] == {full_id}
+    await assert_invariant_everywhere([full, roomy], etcd, namespace)

@@ -1,0 +1,28 @@
+"""Copies from demand: up at once, down one per cool-down; with a hand-driven clock."""
+
+from __future__ import annotations
+
+from worker.copy_targets import CopyTargets
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_extra_copy_goes_only_after_the_cooldown() -> None:
+    clock = Clock()
+    targets = CopyTargets(copy_rps=10.0, cooldown_s=60.0, clock=clock)
+    assert targets.target("a", low=1, high=3, demand_rps=15.0) == 3  # 15/s over 7/s per copy
+    assert targets.target("a", low=1, high=3, demand_rps=12.0) == 3  # 12/2 > 5: keep all
+    assert targets.target("a", low=1, high=3, demand_rps=4.0) == 3  # low, cool-down starts
+    clock.now += 59.0
+    assert targets.target("a", low=1, high=3, demand_rps=4.0) == 3
+    clock.now += 1.0
+    assert targets.target("a", low=1, high=3, demand_rps=4.0) == 2  # one copy per cool-down
+    clock.now += 60.0
+    assert targets.target("a", low=1, high=3, demand_rps=4.0) == 1
+    assert targets.target("a", low=2, high=3, demand_rps=0.0) == 2  # never below the bound

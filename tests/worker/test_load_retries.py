@@ -1,0 +1,40 @@
+"""Failed placement loads: backoff, redaction, and forgetting; with a hand-driven clock."""
+
+from __future__ import annotations
+
+from proto.errors import NotFoundError
+from worker.load_retries import RETRY_CAP_S, LoadRetries
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_load_waits_for_its_backoff_and_success_forgets_it() -> None:
+    clock = Clock()
+    retries = LoadRetries(clock=clock)
+    error = NotFoundError("no adapter at s3://key:secret@bucket/pirate?X-Amz-Signature=abc")
+    retries.failed("pirate", "s3://key:secret@bucket/pirate?X-Amz-Signature=abc", error)
+    failure = retries.failures["pirate"]
+    assert failure.code == "not_found" and failure.attempts == 1
+    assert "secret" not in failure.message and "abc" not in failure.message
+    assert failure.at <= failure.retry_at <= failure.at + RETRY_CAP_S
+    clock.now = failure.retry_at
+    assert retries.due("pirate")
+
+    retries.failed("pirate", "s3://bucket/pirate", error)
+    assert retries.failures["pirate"].attempts == 2
+    retries.succeeded("pirate")
+    assert retries.failures == {} and retries.due("pirate")
+
+
+def test_failures_of_adapters_no_longer_placed_are_forgotten() -> None:
+    retries = LoadRetries()
+    retries.failed("a", "file:///a", NotFoundError("gone"))
+    retries.failed("b", "file:///b", NotFoundError("gone"))
+    retries.retain({"b"})
+    assert set(retries.failures) == {"b"}

@@ -1,0 +1,164 @@
+"""Placement by demand with real workers and a real frontend: copies follow the requests,
+eviction follows fleet demand, and a load that fails backs off in the load record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.processes import ServiceProcess, start_frontend
+from tests.worker.adapters import make_adapter_dir
+from tests.worker.fleet import (
+    assert_invariant_everywhere,
+    holders,
+    instance_id,
+    load_records,
+    put_spec,
+    wait_for_holders,
+)
+
+FAST_COPIES = ("--lora-copy-rps", "2", "--lora-copy-cooldown-s", "1",
+               "--lora-demand-half-life-s", "1")  # fmt: skip
+"""A copy per 2 req/s, prefetched at 1.4 req/s; gone 1 s after demand fell below 1 req/s."""
+
+
+@pytest.fixture
+def fleet_worker(worker_factory, tmp_path: Path):
+    def start(*args: str, max_loras: int = 4):
+        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+        return worker_factory("--enable-lora", "--max-loras", str(max_loras), *args, env=env)
+
+    return start
+
+
+@pytest.fixture
+async def client(
+    tmp_path: Path, etcd_url, nats_url, namespace
+) -> AsyncIterator[openai.AsyncOpenAI]:
+    frontend = await asyncio.to_thread(
+        start_frontend, tmp_path, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace
+    )
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            yield client
+    finally:
+        frontend.kill()
+
+
+async def _ask(client: openai.AsyncOpenAI, model: str) -> None:
+    await client.completions.create(model=model, prompt="ahoy", max_tokens=2)
+
+
+@contextlib.asynccontextmanager
+async def _traffic(client: openai.AsyncOpenAI, model: str) -> AsyncIterator[None]:
+    """Requests for ``model`` one after the other (tens per second) while the block runs."""
+
+    async def loop() -> None:
+        while True:
+            await _ask(client, model)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_rising_demand_adds_a_copy_that_goes_after_the_cooldown(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    workers = [await asyncio.to_thread(fleet_worker, *FAST_COPIES) for _ in range(2)]
+    await put_spec(etcd, namespace, tmp_path / "adapters", "hot", min_replicas=1, max_replicas=2)
+    copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+    await wait_for_holders(etcd, namespace, copies(1), timeout_s=20)
+
+    async with _traffic(client, "hot"):
+        await wait_for_holders(etcd, namespace, copies(2), timeout_s=30)
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+    await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)  # demand decays, cool-down
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+
+async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    worker = await asyncio.to_thread(fleet_worker, max_loras=2)
+    me = await instance_id(worker)
+    for name in ("busy", "quiet", "third", "fourth"):  # on demand only: nothing is placed
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
+    for _ in range(10):
+        await _ask(client, "busy")
+    await _ask(client, "quiet")  # used last: plain LRU would evict "busy"
+    await _wait_for_demand(etcd, namespace, me, "busy")
+
+    await _ask(client, "third")
+    where = await wait_for_holders(etcd, namespace, lambda w, _: "third" in w, timeout_s=10)
+    assert set(where) == {"busy", "third"}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+    for _ in range(10):
+        await _ask(client, "third")
+    await _wait_for_demand(etcd, namespace, me, "third")
+    with pytest.raises(openai.APIStatusError) as refused:  # both are the last warm copy in use
+        await _ask(client, "fourth")
+    assert "capacity" in str(refused.value) or refused.value.status_code == 429
+    where, _ = await holders(etcd, namespace)
+    assert set(where) == {"busy", "third"}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def _wait_for_demand(etcd, namespace: str, instance: int, name: str) -> None:
+    """Until ``instance``'s load record shows ``name`` in use (at least 0.1 req/s)."""
+    async with asyncio.timeout(10):
+        while (await load_records(etcd, namespace)).get(instance) is None or (
+            (await load_records(etcd, namespace))[instance].demand.get(name, 0.0) < 0.1
+        ):
+            await asyncio.sleep(0.1)
+
+
+async def test_a_failing_load_backs_off_shows_in_the_load_record_and_recovers(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    worker: ServiceProcess = await asyncio.to_thread(fleet_worker)
+    me = await instance_id(worker)
+    missing = tmp_path / "later"
+    await put_spec(etcd, namespace, missing, "late", replicas=1)
+    (missing / "late" / "adapter_config.json").unlink()  # not loadable until written again
+
+    async with asyncio.timeout(20):
+        while (failure := (await load_records(etcd, namespace))[me].failed.get("late")) is None or (
+            failure.attempts < 2
+        ):
+            await asyncio.sleep(0.1)
+    assert failure.code and "late" in failure.message
+    assert failure.retry_at > failure.at
+    assert worker.log_text().count("placement could not load adapter") == 1  # once per state change
+
+    make_adapter_dir(missing, "late")
+    await wait_for_holders(etcd, namespace, lambda w, _: "late" in w, timeout_s=60)
+    async with asyncio.timeout(5):
+        while (await load_records(etcd, namespace))[me].failed:
+            await asyncio.sleep(0.1)
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def test_the_load_record_lives_with_the_worker(fleet_worker, etcd, namespace):
+    worker: ServiceProcess = await asyncio.to_thread(fleet_worker, max_loras=3)
+    me = await instance_id(worker)
+    async with asyncio.timeout(10):
+        while me not in (records := await load_records(etcd, namespace)):
+            await asyncio.sleep(0.1)
+    assert (records[me].base_model, records[me].max_loras, records[me].free_slots) == ("demo", 3, 3)
+
+    await asyncio.to_thread(worker.terminate)
+    assert me not in await load_records(etcd, namespace)

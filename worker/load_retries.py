@@ -1,0 +1,99 @@
+"""Placement's failed loads: when to try each again, and one log line per state change.
+
+A desired adapter that cannot load is retried with ``proto.backoff``'s capped
+exponential backoff (up to ``RETRY_CAP_S``), not every pass. Its last failure
+(code, message with URIs redacted, attempts, next try) goes into the load
+record, so ``/v1/adapters`` can show it. The log says when an adapter starts
+failing, when its error changes and when it recovers; a retry failing the same
+way again is logged at debug level only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Collection
+from typing import Final
+
+import structlog
+
+from proto.backoff import backoff_s
+from proto.errors import LorafleetError
+from proto.fleet_load import LoadFailure
+from proto.limits import shorten
+from proto.uris import redact_uri
+
+__all__ = ["LoadRetries"]
+
+log = structlog.get_logger(__name__)
+
+RETRY_BASE_S: Final = 1.0
+"""The backoff's base: the first retry comes within 2 s, the n-th within 2^n s."""
+RETRY_CAP_S: Final = 180.0
+"""The longest wait between two tries of one adapter."""
+_URI: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
+class LoadRetries:
+    """The adapters whose placement load failed, by name, until one succeeds.
+
+    Example::
+
+        retries = LoadRetries()
+        if retries.due("pirate"):
+            try: ... load ...
+            except LorafleetError as exc: retries.failed("pirate", uri, exc)
+            else: retries.succeeded("pirate")
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._failures: dict[str, LoadFailure] = {}
+
+    @property
+    def failures(self) -> dict[str, LoadFailure]:
+        """The last failure of each adapter still failing."""
+        return dict(self._failures)
+
+    def due(self, name: str) -> bool:
+        """Whether ``name`` may be tried now (never failed, or its backoff is over)."""
+        failure = self._failures.get(name)
+        return failure is None or self._clock() >= failure.retry_at
+
+    def next_retry_in_s(self) -> float | None:
+        """Seconds until the earliest retry, None when nothing failed."""
+        if not self._failures:
+            return None
+        return max(0.0, min(f.retry_at for f in self._failures.values()) - self._clock())
+
+    def failed(self, name: str, uri: str, exc: LorafleetError) -> None:
+        """Record a failed load of ``name`` from ``uri`` and schedule the next try."""
+        previous = self._failures.get(name)
+        attempts = 1 if previous is None else previous.attempts + 1
+        now = self._clock()
+        delay_s = backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
+        message = _redact_uris(exc.message)
+        self._failures[name] = LoadFailure(
+            code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s
+        )
+        same = previous is not None and (previous.code, previous.message) == (exc.code, message)
+        report = log.debug if same else log.warning
+        report("placement could not load adapter; retrying with backoff", adapter=name,
+               uri=shorten(redact_uri(uri)), code=exc.code, error=message, attempts=attempts,
+               retry_in_s=round(delay_s, 1))  # fmt: skip
+
+    def succeeded(self, name: str) -> None:
+        """``name`` loaded: forget its failure, and say so if it had failed."""
+        previous = self._failures.pop(name, None)
+        if previous is not None:
+            log.info("adapter loads again", adapter=name, failed_attempts=previous.attempts)
+
+    def retain(self, names: Collection[str]) -> None:
+        """Forget failures of adapters no longer placed here (deleted, or moved elsewhere)."""
+        for name in [name for name in self._failures if name not in names]:
+            del self._failures[name]
+
+
+def _redact_uris(text: str) -> str:
+    """``text`` with every URI in it redacted and the whole shortened."""
+    return shorten(_URI.sub(lambda match: redact_uri(match.group()), text))
