@@ -95,6 +95,10 @@ def stop_process(
         process.wait(timeout_s)
 
 
+PORT_ATTEMPTS: Final = 3
+"""Free ports a server is started on before its start-up error is raised."""
+
+
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -124,9 +128,13 @@ def start_etcd(
     With ``tls`` clients must speak TLS and present a certificate the same CA signed.
     Health is read from a plain-HTTP metrics listener, which needs no certificate.
     """
-    (member,) = etcd_member_args(data_dir, [port or free_port()], tls=tls)
-    return _spawn("etcd", member.args, data_dir, member.url, _etcd_healthy(member.health_url),
-                  health_url=member.health_url)  # fmt: skip
+
+    def start(client_port: int) -> LocalServer:
+        (member,) = etcd_member_args(data_dir, [client_port], tls=tls)
+        return _spawn("etcd", member.args, data_dir, member.url,
+                      _etcd_healthy(member.health_url), health_url=member.health_url)  # fmt: skip
+
+    return _on_port(start, port)
 
 
 @dataclass(frozen=True)
@@ -184,15 +192,32 @@ def start_nats(
     ``config`` is a nats-server config file (e.g. ``deploy/nats/auth.conf``); ``env``
     holds the variables it reads. Flags (the port) win over the file.
     """
-    port = port or free_port()
-    args = [str(find_binary("nats-server")), "-a", "127.0.0.1", "-p", str(port)]
-    if config is not None:
-        args += ["-c", str(config)]
-    if jetstream:
-        args += ["-js", "-sd", str(data_dir / "jetstream")]
-    args += extra_args
-    url = f"nats://127.0.0.1:{port}"
-    return _spawn(name, args, data_dir, url, _nats_healthy(port), env=dict(env or {}))
+
+    def start(client_port: int) -> LocalServer:
+        args = [str(find_binary("nats-server")), "-a", "127.0.0.1", "-p", str(client_port)]
+        if config is not None:
+            args += ["-c", str(config)]
+        if jetstream:
+            args += ["-js", "-sd", str(data_dir / "jetstream")]
+        args += extra_args
+        url = f"nats://127.0.0.1:{client_port}"
+        return _spawn(name, args, data_dir, url, _nats_healthy(client_port), env=dict(env or {}))
+
+    return _on_port(start, port)
+
+
+def _on_port(start: Callable[[int], LocalServer], port: int | None) -> LocalServer:
+    """Start on ``port``, or on a free port, trying another when a parallel run took it first.
+
+    A port found free can be bound by another process before the server binds it; the
+    server then exits while the other one answers the health check in its place.
+    """
+    if port is not None:
+        return start(port)
+    for _ in range(PORT_ATTEMPTS - 1):
+        with contextlib.suppress(PortTakenError):
+            return start(free_port())
+    return start(free_port())
 
 
 def start_nats_cluster(
@@ -281,12 +306,41 @@ def wait_healthy(server: LocalServer, healthy: Callable[[], bool] | None = None)
     """Wait until ``server`` answers its health check; kill it and raise if it never does."""
     healthy = healthy or _health(server)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not healthy():
+    while not (healthy() and _listens(server.process.pid, server.port)):
         if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop(kill=True)
-            raise RuntimeError(f"{server.name} did not become healthy at {server.url}; "
-                               f"see {server.log_path}")  # fmt: skip
+            error = PortTakenError if _listening_sockets(server.port) else RuntimeError
+            raise error(f"{server.name} did not become healthy at {server.url}; "
+                        f"see {server.log_path}")  # fmt: skip
         time.sleep(_POLL_INTERVAL_S)
+
+
+class PortTakenError(RuntimeError):
+    """Another process answers on the port a server was to listen on."""
+
+
+def _listening_sockets(port: int) -> set[str]:
+    """The ``socket:[inode]`` names of the sockets listening on TCP ``port`` (Linux)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    return inodes
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the listening socket of TCP ``port`` (without /proc: True)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return True
+    sockets = _listening_sockets(port)
+    with contextlib.suppress(OSError):
+        return any(
+            os.readlink(f"/proc/{pid}/fd/{fd}") in sockets for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+    return False
 
 
 def _health(server: LocalServer) -> Callable[[], bool]:

@@ -175,9 +175,14 @@ def plan_copies(
     room = _room(wanted, slots, held, eps)
     plan: dict[str, list[int]] = {name: [] for name in sorted(wanted)}
     _keep_held(plan, wanted, held, room, cache)
+    short = []
     for name, where in plan.items():
         if len(where) < wanted[name]:
             _fill(name, where, wanted[name], room, cache)
+            if len(where) < wanted[name]:
+                short.append(name)
+    if short:
+        _repair(plan, short, wanted, room, cache)
     return plan
 
 
@@ -211,8 +216,10 @@ def _keep_held(
             for name in names:
                 if name in wanted:
                     holders[name].append(iid)
-    for name, candidates in holders.items():
-        where = plan[name]
+    for name, where in plan.items():  # by name, whatever order ``held`` came in
+        candidates = holders.get(name)
+        if not candidates:
+            continue
         if len(candidates) > 1 and not _all_fit(candidates, wanted[name], room):
             candidates = [-e[1] for e in cache._ranked_entries(name) if -e[1] in candidates]
         for iid in candidates:
@@ -237,3 +244,55 @@ def _fill(
             room[iid] -= 1
             if len(where) == count:
                 return
+
+
+def _repair(
+    plan: dict[str, list[int]],
+    short: list[str],
+    wanted: Mapping[str, int],
+    room: dict[int, int],
+    cache: RendezvousCache,
+) -> None:
+    """Give adapters short of copies a place by moving one copy out of a full instance.
+
+    Every instance with room already holds a short adapter (or ``_fill`` would have used
+    it), so a full instance ``j`` hands one of its copies to an instance with room that
+    lacks it, and takes the short adapter: e.g. two full instances that both dropped the
+    same adapter for a newcomer, which can hold it only once.
+    """
+    on: dict[int, list[str]] = defaultdict(list)
+    for name, where in plan.items():
+        for iid in where:
+            on[iid].append(name)
+    for name in short:
+        where = plan[name]
+        while len(where) < wanted[name] and _swap_in(name, where, plan, on, room, cache):
+            pass
+
+
+def _swap_in(
+    name: str,
+    where: list[int],
+    plan: dict[str, list[int]],
+    on: dict[int, list[str]],
+    room: dict[int, int],
+    cache: RendezvousCache,
+) -> bool:
+    """Move one copy from a full instance to one with room, and put ``name`` in its place."""
+    spare = sorted(iid for iid, left in room.items() if left > 0)
+    for iid in cache.order(name):
+        if iid in where or room[iid] > 0:
+            continue
+        for other in on[iid]:
+            target = next((k for k in spare if k not in plan[other]), None)
+            if target is None:
+                continue
+            plan[other].remove(iid)
+            plan[other].append(target)
+            on[iid].remove(other)
+            on[target].append(other)
+            room[target] -= 1
+            where.append(iid)
+            on[iid].append(name)
+            return True
+    return False

@@ -107,3 +107,13 @@ def test_copies_grow_before_saturation_and_shrink_with_hysteresis() -> None:
     assert not may_drop_copy(6.0, 2, copy_rps=10)  # between 5 and 7: keep both
     assert may_drop_copy(4.0, 2, copy_rps=10)
     assert may_drop_copy(0.0, 1, copy_rps=10)
+
+
+def test_a_newcomer_beside_two_full_holders_leaves_no_adapter_short() -> None:
+    """Both holders drop copies for the newcomer; when they drop the same adapter, another
+    copy moves to the newcomer so that adapter still gets two instances."""
+    names = [f"fleet{i}" for i in range(10)]
+    held = {1: set(names), 2: set(names)}
+    plan = plan_copies({name: 2 for name in names}, {1: 10, 2: 10, 3: 10}, held=held)
+    assert all(len(set(where)) == 2 for where in plan.values())
+    assert sorted(len(names) for names in _held(plan).values()) == [2, 9, 9]

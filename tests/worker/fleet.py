@@ -53,13 +53,21 @@ async def load_records(etcd, namespace: str) -> dict[int, InstanceLoad]:
 async def wait_for_holders(
     etcd, namespace: str, done: Callable[[Holders, set[int]], bool], timeout_s: float
 ) -> Holders:
-    """Poll etcd until ``done(holders, bases)``; fail after ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            where, bases = await holders(etcd, namespace)
-            if done(where, bases):
-                return where
-            await asyncio.sleep(0.1)
+    """Poll etcd until ``done(holders, bases)``; fail after ``timeout_s``, showing the last."""
+    where: Holders = {}
+    bases: set[int] = set()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                where, bases = await holders(etcd, namespace)
+                if done(where, bases):
+                    return where
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        shown = {name: sorted(f"{i:x}" for i in on) for name, on in sorted(where.items())}
+        raise AssertionError(
+            f"not reached in {timeout_s} s: bases {sorted(bases)}, {shown}"
+        ) from None
 
 
 def per_instance(where: Holders) -> dict[int, int]:

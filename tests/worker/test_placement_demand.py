@@ -150,3 +150,15 @@ async def test_a_failing_load_backs_off_shows_in_the_load_record_and_recovers(
         while (await load_records(etcd, namespace))[me].failed:
             await asyncio.sleep(0.1)
     await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def test_the_load_record_lives_with_the_worker(fleet_worker, etcd, namespace):
+    worker: ServiceProcess = await asyncio.to_thread(fleet_worker, max_loras=3)
+    me = await instance_id(worker)
+    async with asyncio.timeout(10):
+        while me not in (records := await load_records(etcd, namespace)):
+            await asyncio.sleep(0.1)
+    assert (records[me].base_model, records[me].max_loras, records[me].free_slots) == ("demo", 3, 3)
+
+    await asyncio.to_thread(worker.terminate)
+    assert me not in await load_records(etcd, namespace)
