@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 
 from bench._report import CpuMeter, ms, percentile
 
-__all__ = ["Call", "Outcome", "Session", "StepResult", "run_step"]
+__all__ = ["Call", "Outcome", "Record", "Session", "StepResult", "closed_loop", "run_step"]
 
 
 @dataclass(slots=True)
@@ -72,10 +72,18 @@ class _Window:
         self.stopping = False
 
 
-async def _task_loop(session: Session, window: _Window, result: StepResult) -> None:
+Record: TypeAlias = Callable[[Outcome, float, float], None]
+"""Told each request's outcome, start and end (``time.perf_counter``)."""
+
+
+async def closed_loop(session: Session, running: Callable[[], bool], record: Record) -> None:
+    """One client: sends its next request when the last returns, while ``running()``.
+
+    A failed connection counts as a failed request, and the client opens a new one.
+    """
     call, close = await session()
     try:
-        while not window.stopping:
+        while running():
             started = time.perf_counter()
             try:
                 outcome = await call()
@@ -83,17 +91,23 @@ async def _task_loop(session: Session, window: _Window, result: StepResult) -> N
                 outcome = Outcome(ok=False)
                 await close()
                 call, close = await session()
-            ended = time.perf_counter()
-            if not window.recording:
-                continue
-            if not outcome.ok:
-                result.errors += 1
-                continue
-            result.latencies_s.append(ended - started)
-            if outcome.first_token_at is not None:
-                result.first_tokens_s.append(outcome.first_token_at - started)
+            record(outcome, started, time.perf_counter())
     finally:
         await close()
+
+
+async def _task_loop(session: Session, window: _Window, result: StepResult) -> None:
+    def record(outcome: Outcome, started: float, ended: float) -> None:
+        if not window.recording:
+            return
+        if not outcome.ok:
+            result.errors += 1
+            return
+        result.latencies_s.append(ended - started)
+        if outcome.first_token_at is not None:
+            result.first_tokens_s.append(outcome.first_token_at - started)
+
+    await closed_loop(session, lambda: not window.stopping, record)
 
 
 async def run_step(

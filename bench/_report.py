@@ -14,13 +14,15 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
 __all__ = [
+    "BenchmarkMain",
     "CpuMeter",
     "add_output_flags",
+    "benchmark_main",
     "cpu_seconds",
     "emit",
     "machine",
@@ -149,3 +151,26 @@ def run_benchmark(
     results = run_async(run(args))
     emit(results, text(results, args), args.json)
     return 0
+
+
+class BenchmarkMain(Protocol):
+    """A benchmark module's ``main``: ``python -m bench.X`` calls it with no argument."""
+
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
+
+
+def benchmark_main(
+    build_parser: Callable[[], argparse.ArgumentParser],
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results]],
+    text: Callable[[Results, argparse.Namespace], str],
+) -> BenchmarkMain:
+    """The ``main`` of a benchmark module: parse, run, print the table and ``--json``.
+
+    Example: ``main = benchmark_main(build_parser, run, _text)``.
+    """
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_benchmark(build_parser(), run, text, argv)
+
+    main.__doc__ = "Run the benchmark and print (and optionally write) its figures."
+    return main

@@ -18,13 +18,12 @@ import asyncio
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from bench._cluster import BenchCluster
-from bench._load import Session
-from bench._report import add_output_flags, machine, run_benchmark, table
+from bench._load import Outcome, Session, closed_loop
+from bench._report import add_output_flags, benchmark_main, machine, table
 from bench.serve import http_session
 from discovery.client import EtcdClient, connect_etcd
 from discovery.lease import LeaseKeeper, LeaseState
@@ -87,17 +86,12 @@ class _Traffic:
         self.running = True
 
     async def loop(self, session: Session) -> None:
-        call, close = await session()
-        while self.running:
-            self.sent += 1
-            try:
-                ok = (await call()).ok
-            except (OSError, asyncio.IncompleteReadError):
-                ok = False
-                await close()
-                call, close = await session()
-            self.failed += not ok
-        await close()
+        """One closed-loop client until ``running`` turns false."""
+        await closed_loop(session, lambda: self.running, self._count)
+
+    def _count(self, outcome: Outcome, started: float, ended: float) -> None:
+        self.sent += 1
+        self.failed += not outcome.ok
 
 
 class _KeepAliveProbe:
@@ -204,9 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(build_parser(), run, lambda results, _: _text(results), argv)
+main: Final = benchmark_main(build_parser, run, lambda results, _: _text(results))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -24,13 +24,13 @@ from bench._adapters import FrontendModels, admin
 from bench._cluster import BenchCluster, Service
 from bench._failover_engines import ENGINES, FailoverEngine, failover_engine
 from bench._http import http_get_json
-from bench._load import Session
+from bench._load import Outcome, Session, closed_loop
 from bench._report import (
     add_output_flags,
+    benchmark_main,
     machine,
     ms,
     percentile,
-    run_benchmark,
     table,
 )
 from bench._streams import (
@@ -61,17 +61,11 @@ class _Traffic:
     async def loop(self, kind: str, open_call: Session) -> None:
         """One closed-loop client until ``stop``; reconnects after a failed connection."""
         log = self.done.setdefault(kind, [])
-        call, close = await open_call()
-        while not self.stop.is_set():
-            started = time.perf_counter()
-            try:
-                ok = (await call()).ok
-            except (OSError, asyncio.IncompleteReadError):
-                ok = False
-                await close()
-                call, close = await open_call()
-            log.append((time.perf_counter(), ok, time.perf_counter() - started))
-        await close()
+
+        def record(outcome: Outcome, started: float, ended: float) -> None:
+            log.append((ended, outcome.ok, ended - started))
+
+        await closed_loop(open_call, lambda: not self.stop.is_set(), record)
 
 
 async def _wait(
@@ -246,14 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(
-        build_parser(),
-        run,
-        lambda results, args: _text(results["results"], results["rounds"], args.lease_ttl_s),
-        argv,
-    )
+def _table(results: dict[str, Any], args: argparse.Namespace) -> str:
+    return _text(results["results"], results["rounds"], args.lease_ttl_s)
+
+
+main: Final = benchmark_main(build_parser, run, _table)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
 from typing import Any, Final
 
 from bench._adapters import FrontendModels, models_latency, populate, run_rounds
 from bench._cluster import BenchCluster
 from bench._cold import cold_rounds
-from bench._report import add_output_flags, machine, run_benchmark, table
+from bench._report import add_output_flags, benchmark_main, machine, table
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -133,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(build_parser(), run, lambda results, _: _text(results), argv)
+main: Final = benchmark_main(build_parser, run, lambda results, _: _text(results))
 
 
 if __name__ == "__main__":

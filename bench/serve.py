@@ -21,7 +21,7 @@ from typing import Any, Final
 from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request
 from bench._load import Call, Outcome, Session, StepResult, run_step
-from bench._report import CpuMeter, add_output_flags, machine, run_benchmark, table
+from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
 from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
 from frontend.request_plane import RequestPlane
@@ -220,9 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(build_parser(), run, lambda results, _: _text(results["results"]), argv)
+main: Final = benchmark_main(build_parser, run, lambda results, _: _text(results["results"]))
 
 
 if __name__ == "__main__":

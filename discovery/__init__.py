@@ -16,12 +16,25 @@ from discovery.client import (
     EtcdClient,
     connect_etcd,
 )
+from discovery.connect import (
+    wait_for_etcd,
+    wait_for_nats,
+)
 from discovery.errors import (
     EtcdRefusedError,
     EtcdUnavailableError,
     NatsAuthError,
     NatsConnectError,
     NatsSettingsError,
+)
+from discovery.flags import (
+    ConnectionArgs,
+    FlagSpec,
+    add_connection_flags,
+    add_env_options,
+    connection_args,
+    env_flag,
+    env_option,
 )
 from discovery.header_timeout import (
     DEFAULT_HEADER_TIMEOUT_S,
@@ -69,6 +82,9 @@ from discovery.nats_settings import (
     NatsSettings,
     parse_nats_servers,
 )
+from discovery.pids import (
+    pid_alive,
+)
 from discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
     EtcdSettings,
@@ -88,6 +104,7 @@ from discovery.watch_cache import (
 __all__ = [
     "ADAPTERS_ROOT",
     "ConnectTimeoutError",
+    "ConnectionArgs",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -99,6 +116,7 @@ __all__ = [
     "EtcdRefusedError",
     "EtcdSettings",
     "EtcdUnavailableError",
+    "FlagSpec",
     "HeaderTimeoutProtocol",
     "HelpFormatter",
     "INSTANCES_ROOT",
@@ -124,12 +142,17 @@ __all__ = [
     "WatchListener",
     "adapter_key",
     "adapters_prefix",
+    "add_connection_flags",
+    "add_env_options",
     "add_version",
     "base_card_key",
     "card_prefix",
     "configure_logging",
     "connect_etcd",
     "connect_with_retry",
+    "connection_args",
+    "env_flag",
+    "env_option",
     "instance_key",
     "instance_prefix",
     "load_key",
@@ -140,7 +163,10 @@ __all__ = [
     "parse_card_key",
     "parse_endpoints",
     "parse_nats_servers",
+    "pid_alive",
     "python_version",
     "unless_stopped",
+    "wait_for_etcd",
+    "wait_for_nats",
     "with_header_timeout",
 ]

@@ -16,11 +16,12 @@ __all__ = ["HelpFormatter", "add_version"]
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: X)`` to each flag's help that has a default worth showing.
 
-    None, False and empty lists are left out: the help text says what their absence means.
+    None, False, empty strings and empty lists are left out: the help text says what their
+    absence means.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == []:
+        if action.default is None or action.default is False or action.default in ([], ""):
             return action.help
         return super()._get_help_string(action)
 

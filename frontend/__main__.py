@@ -18,17 +18,21 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import Final
 
 import uvicorn
 from litestar import Litestar
 
 from discovery.cli_help import HelpFormatter, add_version
-from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
-from discovery.keys import DEFAULT_NAMESPACE
+from discovery.flags import (
+    FlagSpec,
+    add_connection_flags,
+    add_env_options,
+    connection_args,
+    env_option,
+)
+from discovery.header_timeout import with_header_timeout
 from discovery.logs import configure_logging
-from discovery.nats_settings import DEFAULT_NATS_SERVER
-from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
-from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.app import create_app
 from frontend.config import (
     DEFAULT_HTTP_PORT,
@@ -37,13 +41,28 @@ from frontend.config import (
     FrontendConfig,
 )
 from frontend.dispatcher import DispatchSettings
+from frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from frontend.router import ROUTERS
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
+_FLAGS: Final[tuple[FlagSpec, ...]] = (
+    ("--http-host", "DYN_HTTP_HOST", "0.0.0.0", str, ""),
+    ("--http-port", "DYN_HTTP_PORT", DEFAULT_HTTP_PORT, int, ""),
+    ("--stall-timeout-s", "DYN_STALL_TIMEOUT_S", 1.0, float,
+     "silence after which a worker is pinged"),
+    ("--max-attempts", "DYN_MAX_ATTEMPTS", 3, int, "instances tried per request"),
+    ("--migration-limit", "DYN_MIGRATION_LIMIT", 3, int,
+     "times one stream may continue on another instance when its own is lost; 0: never"),
+    ("--on-demand-timeout-s", "DYN_ON_DEMAND_TIMEOUT_S", DEFAULT_ON_DEMAND_TIMEOUT_S, float,
+     "how long a request for a cold adapter waits for its load"),
+    ("--on-demand-queue", "DYN_ON_DEMAND_QUEUE", DEFAULT_ON_DEMAND_QUEUE, int,
+     "requests that may wait for one adapter's on-demand load; 429 beyond"),
+    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_S, float,
+     "on SIGTERM, cancel requests still running after this"),
+)  # fmt: skip
+"""The frontend's own flags; ``add_connection_flags`` adds those it shares with workers."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,49 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the OpenAI-compatible frontend. Every flag has an environment variable.",
     )  # fmt: skip
     add_version(parser)
-    add = parser.add_argument
-    add("--http-host", default=_env("DYN_HTTP_HOST", "0.0.0.0"), help="env DYN_HTTP_HOST")
-    add("--http-port", type=int, default=int(_env("DYN_HTTP_PORT", str(DEFAULT_HTTP_PORT))),
-        help="env DYN_HTTP_PORT")  # fmt: skip
-    add("--namespace", default=_env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
-    add("--etcd-endpoints", default=_env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
-        help="env ETCD_ENDPOINTS")  # fmt: skip
-    add("--nats-server", default=_env("NATS_SERVER", DEFAULT_NATS_SERVER),
-        help="env NATS_SERVER")  # fmt: skip
-    add("--router", choices=sorted(ROUTERS), default=_env("DYN_ROUTER_MODE", "round-robin"),
-        help="env DYN_ROUTER_MODE")  # fmt: skip
-    add("--stall-timeout-s", type=float, default=float(_env("DYN_STALL_TIMEOUT_S", "1.0")),
-        help="silence after which a worker is pinged (env DYN_STALL_TIMEOUT_S)")  # fmt: skip
-    add("--max-attempts", type=int, default=int(_env("DYN_MAX_ATTEMPTS", "3")),
-        help="instances tried per request (env DYN_MAX_ATTEMPTS)")  # fmt: skip
-    add("--migration-limit", type=int, default=int(_env("DYN_MIGRATION_LIMIT", "3")),
-        help="times one stream may continue on another instance when its own is lost "
-             "(env DYN_MIGRATION_LIMIT; 0: never)")  # fmt: skip
-    add("--on-demand-timeout-s", type=float,
-        default=float(_env("DYN_ON_DEMAND_TIMEOUT_S", str(DEFAULT_ON_DEMAND_TIMEOUT_S))),
-        help="how long a request for a cold adapter waits for its load "
-             "(env DYN_ON_DEMAND_TIMEOUT_S)")  # fmt: skip
-    add("--connect-timeout-s", type=float,
-        default=float(_env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
-        help="start-up wait for NATS and etcd each, then exit 1 "
-             "(env DYN_CONNECT_TIMEOUT_S)")  # fmt: skip
-    add("--shutdown-grace", type=float,
-        default=float(_env("DYN_SHUTDOWN_GRACE", str(DEFAULT_SHUTDOWN_GRACE_S))),
-        help="on SIGTERM, cancel requests still running after this "
-             "(env DYN_SHUTDOWN_GRACE)")  # fmt: skip
-    add("--header-timeout-s", type=float,
-        default=float(_env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
-        help="close connections that send no request head in time "
-             "(env DYN_HEADER_TIMEOUT_S)")  # fmt: skip
+    add_connection_flags(parser)
+    add_env_options(parser, _FLAGS)
+    env_option(parser, "--router", "DYN_ROUTER_MODE", "round-robin", choices=sorted(ROUTERS))
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     """A validated config from parsed flags (raises ValueError naming the bad one)."""
     return FrontendConfig(
-        namespace=args.namespace,
-        etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
-        nats_server=args.nats_server,
+        **connection_args(args),
         router=args.router,
         http_host=args.http_host,
         http_port=args.http_port,
@@ -105,9 +91,8 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
             migration_limit=args.migration_limit,
         ),
         on_demand_timeout_s=args.on_demand_timeout_s,
-        connect_timeout_s=args.connect_timeout_s,
+        on_demand_queue=args.on_demand_queue,
         shutdown_grace_s=args.shutdown_grace,
-        header_timeout_s=args.header_timeout_s,
         admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
         worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
     )

@@ -1,7 +1,7 @@
 """Build the frontend's Litestar app: lifespan, dependencies, controllers, OpenAI errors.
 
 The lifespan connects NATS and etcd, starts the watch caches (instances, cards,
-desired adapters), the request plane, the router and the on-demand loader, and
+desired adapters, load records), the request plane, the router and the on-demand loader, and
 puts them in one ``Services`` on ``app.state.services``; handlers receive it as the
 ``services`` dependency. Every
 error leaves in OpenAI's shape.
@@ -29,6 +29,7 @@ from discovery.nats_connection import NatsConnection
 from discovery.nats_settings import NatsSettings
 from discovery.startup import connect_with_retry, unless_stopped
 from frontend.access_log import AccessLogMiddleware
+from frontend.adapter_states import AdapterStates
 from frontend.config import FrontendConfig
 from frontend.controllers import (
     AdaptersController,
@@ -41,8 +42,10 @@ from frontend.controllers import (
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
 from frontend.errors import openai_error, openai_type
+from frontend.fleet_loads import FleetLoads
 from frontend.generation import GenerationService
 from frontend.json_request import BoundedJsonRequest
+from frontend.load_failures import LoadFailures
 from frontend.metrics import FrontendMetrics
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry
@@ -115,17 +118,21 @@ async def _start_services(
     stack.push_async_callback(registry.aclose)
     desired = await DesiredState.start(etcd, config.namespace)
     stack.push_async_callback(desired.aclose)
+    loads = await FleetLoads.start(etcd, config.namespace)
+    stack.push_async_callback(loads.aclose)
     metrics: FrontendMetrics = app.state.metrics
     dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, metrics)
+    failures = LoadFailures(loads)
     loader = OnDemandLoader(
-        registry, plane, metrics,
-        timeout_s=config.on_demand_timeout_s, settings=config.dispatch,
-        worker_token=config.worker_token,
+        registry, plane, metrics, loads=loads, failures=failures,
+        timeout_s=config.on_demand_timeout_s, queue_limit=config.on_demand_queue,
+        settings=config.dispatch, worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader)
     app.state.services = Services(
-        plane=plane, registry=registry, desired=desired, resolver=resolver,
+        plane=plane, registry=registry, desired=desired, loads=loads,
+        adapters=AdapterStates(registry, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics), metrics=metrics,
     )  # fmt: skip
     if not config.admin_token:

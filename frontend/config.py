@@ -11,6 +11,7 @@ from discovery.nats_settings import DEFAULT_NATS_SERVER
 from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from frontend.dispatcher import DispatchSettings
+from frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from frontend.router import ROUTERS
 
 __all__ = [
@@ -35,6 +36,7 @@ class FrontendConfig:
         FrontendConfig(namespace="prod", router="least-inflight")
         FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
         FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
+        FrontendConfig(on_demand_queue=1024)
         FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
     """
 
@@ -48,6 +50,8 @@ class FrontendConfig:
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     on_demand_timeout_s: float = DEFAULT_ON_DEMAND_TIMEOUT_S
     """How long a request for a cold adapter waits for its on-demand load."""
+    on_demand_queue: int = DEFAULT_ON_DEMAND_QUEUE
+    """How many requests may wait for one adapter's on-demand load; 429 beyond."""
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     """How long start-up waits for each of NATS and etcd before the process exits 1."""
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
@@ -66,6 +70,8 @@ class FrontendConfig:
             raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
         if not 0 <= self.http_port <= 65535:
             raise ValueError(f"http_port {self.http_port} is not a TCP port")
+        if self.on_demand_queue < 1:
+            raise ValueError(f"on_demand_queue must be at least 1, got {self.on_demand_queue}")
         for name in ("on_demand_timeout_s", "connect_timeout_s", "shutdown_grace_s",
                      "header_timeout_s"):  # fmt: skip
             if not getattr(self, name) > 0:

@@ -7,6 +7,8 @@ Hierarchy::
     └── PayloadTooLargeError     the request is bigger than NATS carries         413
     proto.errors.NotFoundError
     └── ModelNotFoundError       no live instance serves that name               404
+    proto.errors.CapacityError
+    └── LoadQueueFullError       too many requests wait for one adapter's load    429
     proto.errors.UnavailableError
     ├── NoLiveInstanceError      the model is known but no instance answered     503
     ├── InstanceLostError        one instance stopped answering (retried)        503
@@ -16,6 +18,7 @@ Hierarchy::
     ├── WorkerError              a worker answered with an error                 502
     └── LoadUnauthorizedError    a worker refused this frontend's token          502
     proto.errors.LorafleetError
+    ├── AdapterLoadFailedError   the adapter's load failed (recently)            424
     └── ClientGoneError          the client hung up before a whole answer        499
 
 The code -> HTTP status table is ``proto.errors.HTTP_STATUS_BY_CODE``, shared with workers.
@@ -27,8 +30,10 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar, Final
 
+from proto.adapters import AdapterLoadError
 from proto.errors import (
     HTTP_STATUS_BY_CODE,
+    CapacityError,
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
@@ -40,11 +45,13 @@ from proto.limits import shorten
 from proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
+    "AdapterLoadFailedError",
     "BadFieldError",
     "BaseModelUnavailableError",
     "ClientGoneError",
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
+    "LoadQueueFullError",
     "LoadTimeoutError",
     "LoadUnauthorizedError",
     "ModelNotFoundError",
@@ -248,4 +255,35 @@ class LoadUnauthorizedError(UpstreamError):
         super().__init__(
             f"Adapter {adapter!r} could not be loaded: worker instance {instance_id:x} refused "
             "this frontend's token; set the frontend's DYN_SYSTEM_AUTH_TOKEN to the workers'"
+        )
+
+
+class AdapterLoadFailedError(LorafleetError):
+    """A desired adapter is loaded nowhere because its last load failed; says where, when,
+    why (the worker's code and message) and what to do. 424: retrying at once cannot help."""
+
+    code: ClassVar[str] = "adapter_load_failed"
+    param = "model"
+
+    def __init__(self, adapter: str, error: AdapterLoadError, retry_after: str) -> None:
+        self.adapter = adapter
+        self.failure = error
+        super().__init__(
+            f"Adapter {adapter!r} failed to load: worker instance {error.instance} answered "
+            f"{error.code}: {error.message} (at {error.at}); fix its source and apply it "
+            f"again (lorafleet lora apply), or retry after {retry_after}"
+        )
+
+
+class LoadQueueFullError(CapacityError):
+    """Too many requests already wait for one adapter's load: 429, retry later."""
+
+    param = "model"
+
+    def __init__(self, adapter: str, waiting: int) -> None:
+        self.adapter = adapter
+        self.waiting = waiting
+        super().__init__(
+            f"Adapter {adapter!r} is being loaded and {waiting} requests already wait for it "
+            "(the frontend's --on-demand-queue, DYN_ON_DEMAND_QUEUE); retry later"
         )

@@ -1,12 +1,17 @@
-"""Load a desired adapter that no live instance has, where placement ranks first, once.
+"""Load a desired adapter that no live instance has, on the least-loaded instance, once.
 
 The instances serving the adapter's base model with LoRA management on (their
-base card's ``runtime_config.enable_lora``) are tried in rendezvous order (the
-instances and order every worker's placement uses) with the lifecycle's ``load_lora``
-over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``) when one is
-set. Concurrent requests for the same cold adapter share one load; the
-load runs in its own task, so a client that gives up does not cancel it. The
-answer is the served model once this frontend's registry shows the new card.
+base card's ``runtime_config.enable_lora``) are tried with the lifecycle's
+``load_lora`` over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``)
+when one is set: one already loading the adapter first, then those with a free
+slot, by fewest requests in flight, as their load records say (``FleetLoads``);
+ties, and instances that publish no record, keep rendezvous order (the order
+every worker's placement uses). Concurrent requests for the same cold adapter
+share one load, at most ``queue_limit`` of them (429 beyond); the load runs in
+its own task, so a client that gives up does not cancel it. The answer is the
+served model once this frontend's registry shows the new card. A load that
+fails everywhere is remembered (``LoadFailures``): requests get that failure at
+once while it holds.
 """
 
 from __future__ import annotations
@@ -21,12 +26,16 @@ import structlog
 
 from frontend.dispatcher import DispatchSettings
 from frontend.errors import (
+    AdapterLoadFailedError,
     BaseModelUnavailableError,
     InstanceLostError,
+    LoadQueueFullError,
     LoadTimeoutError,
     LoadUnauthorizedError,
     WorkerError,
 )
+from frontend.fleet_loads import FleetLoads
+from frontend.load_failures import Failure, LoadFailures, iso_time
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ModelRegistry, ServedModel
 from frontend.request_plane import RequestPlane
@@ -38,13 +47,43 @@ from proto.inference import UpdateReply, UpdateRequest
 from proto.placement import rendezvous_order
 from proto.uris import public_uri
 
-__all__ = ["LOAD_UPDATE", "OnDemandLoader", "TRY_NEXT_CODES"]
+__all__ = [
+    "DEFAULT_ON_DEMAND_QUEUE",
+    "LOAD_UPDATE",
+    "OnDemandLoader",
+    "TRANSIENT_CODES",
+    "TRY_NEXT_CODES",
+    "least_loaded_first",
+]
 
 log = structlog.get_logger(__name__)
 
 LOAD_UPDATE: Final = "update/load_lora"
 TRY_NEXT_CODES: Final = frozenset({"capacity", "not_found", "unavailable"})
 """Load failures another instance may not have: full, no LoRA management, starting up."""
+TRANSIENT_CODES: Final = frozenset({"capacity", "unavailable", "shutting_down"})
+"""Load failures that say nothing about the adapter: they are not remembered as its failure."""
+DEFAULT_ON_DEMAND_QUEUE: Final = 256
+"""Requests that may wait for one adapter's load (``--on-demand-queue``); 429 beyond."""
+
+
+def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> list[int]:
+    """``order`` (rendezvous) re-sorted: instances already loading ``adapter`` first (the
+    lifecycle's lock makes a second load there wait for the first: no extra copy), then
+    those with a free slot, by fewest in flight; instances without a load record go after
+    those with room and before the full ones."""
+    records = loads.records()
+    loading = set(loads.loading(adapter))
+
+    def rank(instance_id: int) -> tuple[int, int]:
+        load = records.get(instance_id)
+        if load is None:
+            return 2, 0
+        if instance_id in loading:
+            return 0, 0
+        return (1 if load.free_slots > 0 else 3), load.in_flight
+
+    return sorted(order, key=rank)  # stable: ties keep rendezvous order
 
 
 class OnDemandLoader:
@@ -56,26 +95,49 @@ class OnDemandLoader:
         plane: RequestPlane,
         metrics: FrontendMetrics,
         *,
+        loads: FleetLoads,
+        failures: LoadFailures,
         timeout_s: float,
+        queue_limit: int = DEFAULT_ON_DEMAND_QUEUE,
         settings: DispatchSettings | None = None,
         worker_token: str | None = None,
     ) -> None:
         self._registry = registry
         self._plane = plane
         self._metrics = metrics
+        self._fleet = loads
+        self.failures = failures
         self.timeout_s = timeout_s
+        self.queue_limit = queue_limit
         self._settings = settings or DispatchSettings()
         self._headers = bearer_header(worker_token)
         self._loads: dict[str, asyncio.Task[ServedModel]] = {}
+        self._waiting: dict[str, int] = {}
 
     async def load(self, spec: AdapterSpec) -> ServedModel:
-        """The served adapter after loading it; joins a load of the same name in progress."""
+        """The served adapter after loading it; joins a load of the same name in progress.
+
+        Raises ``AdapterLoadFailedError`` at once while its last failure holds, and
+        ``LoadQueueFullError`` when ``queue_limit`` requests already wait for it.
+        """
+        held = self.failures.holding(spec.name)
+        if held is not None:
+            raise _failed(spec.name, held)
+        waiting = self._waiting.get(spec.name, 0)
+        if waiting >= self.queue_limit:
+            raise LoadQueueFullError(spec.name, waiting)
         task = self._loads.get(spec.name)
         if task is None:
             task = asyncio.create_task(self._timed_load(spec), name=f"load {spec.name}")
             self._loads[spec.name] = task
             task.add_done_callback(self._forget(spec.name))
-        return await asyncio.shield(task)
+        self._waiting[spec.name] = waiting + 1
+        try:
+            return await asyncio.shield(task)
+        finally:
+            self._waiting[spec.name] -= 1
+            if not self._waiting[spec.name]:
+                del self._waiting[spec.name]
 
     async def aclose(self) -> None:
         """Cancel the loads in progress (their workers finish or roll back by themselves)."""
@@ -88,6 +150,10 @@ class OnDemandLoader:
     def loading(self) -> list[str]:
         """Names of the adapters being loaded right now."""
         return sorted(self._loads)
+
+    def is_loading(self, name: str) -> bool:
+        """Whether this frontend loads adapter ``name`` right now."""
+        return name in self._loads
 
     def _forget(self, name: str) -> Callable[[asyncio.Task[ServedModel]], None]:
         def forget(task: asyncio.Task[ServedModel]) -> None:
@@ -103,7 +169,14 @@ class OnDemandLoader:
         outcome = "ok"
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._load_somewhere(spec)
+                served = await self._load_somewhere(spec)
+            self.failures.forget(spec.name)
+            return served
+        except WorkerError as exc:
+            outcome = exc.error.code
+            if outcome in TRANSIENT_CODES:
+                raise
+            raise self._remember(spec.name, exc) from exc
         except TimeoutError as exc:
             outcome = "timeout"
             raise LoadTimeoutError(spec.name, self.timeout_s) from exc
@@ -115,8 +188,15 @@ class OnDemandLoader:
             self._metrics.on_demand_load(outcome, elapsed_s)
             log.info("on-demand load", adapter=spec.name, outcome=outcome, seconds=elapsed_s)
 
+    def _remember(self, adapter: str, exc: WorkerError) -> AdapterLoadFailedError:
+        """Hold the adapter's failure (logged once: requests meanwhile get it unlogged)."""
+        failure = self.failures.remember(adapter, exc.instance_id, exc.error)
+        log.warning("on-demand load failed", adapter=adapter, code=exc.error.code,
+                    instance=f"{exc.instance_id:x}", error=exc.error.message)  # fmt: skip
+        return _failed(adapter, failure)
+
     async def _load_somewhere(self, spec: AdapterSpec) -> ServedModel:
-        """Try the base model's instances in rendezvous order until one loads the adapter."""
+        """Try the base model's instances, least loaded first, until one loads the adapter."""
         base = self._registry.get(spec.base_model)
         if base is None or base.parent is not None:
             raise BaseModelUnavailableError(spec.name, spec.base_model)
@@ -126,7 +206,9 @@ class OnDemandLoader:
             if self._manages_adapters(base.name, instance.instance_id)
         }
         last: LorafleetError | None = None
-        for instance_id in rendezvous_order(spec.name, by_id):
+        for instance_id in least_loaded_first(
+            rendezvous_order(spec.name, by_id), self._fleet, spec.name
+        ):
             try:
                 await self._load_on(by_id[instance_id], spec)
             except InstanceLostError as exc:
@@ -196,6 +278,10 @@ def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError | None:
             code=info.code, message=f"LoRA source {public_uri(spec.source.uri)}: {info.reason}"
         )
     return error_from_info(info)
+
+
+def _failed(adapter: str, failure: Failure) -> AdapterLoadFailedError:
+    return AdapterLoadFailedError(adapter, failure.describe(), iso_time(failure.hold_until))
 
 
 def _decode_update(data: bytes) -> UpdateReply:

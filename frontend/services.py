@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from litestar.datastructures import State
 
+from frontend.adapter_states import AdapterStates
 from frontend.desired_state import DesiredState
+from frontend.fleet_loads import FleetLoads
 from frontend.generation import GenerationService
 from frontend.metrics import FrontendMetrics
 from frontend.registry import ModelRegistry
@@ -28,6 +30,10 @@ class Services:
     plane: RequestPlane
     registry: ModelRegistry
     desired: DesiredState
+    loads: FleetLoads
+    """The workers' load records: slots, load, demand, failed loads."""
+    adapters: AdapterStates
+    """Each desired adapter's state (``/v1/adapters``, ``/v1/models``)."""
     resolver: ModelResolver
     generation: GenerationService
     metrics: FrontendMetrics

@@ -2,7 +2,8 @@
 
 ``load``/``unload``/``list`` reach every worker of a namespace (found in etcd)
 or the one given with ``--worker``; ``apply``/``delete`` write the fleet's
-desired state through a frontend's ``/v1/adapters``; ``models`` asks a frontend.
+desired state through a frontend's ``/v1/adapters`` (``apply`` then waits for
+the adapter's state, ``launch.fleet_status``); ``models`` asks a frontend.
 Bodies are the ``proto`` Structs the servers decode; lists print as tables, or as
 JSON lines with ``--json``.
 """
@@ -21,6 +22,7 @@ import msgspec
 from discovery.client import connect_etcd
 from discovery.keys import instance_prefix
 from discovery.settings import EtcdSettings
+from launch.fleet_status import DEFAULT_APPLY_WAIT_S, describe, settled_status
 from launch.table import print_table
 from proto.adapters import (
     AdapterSpec,
@@ -132,9 +134,27 @@ def _print_answer(method: str, url: str, body: bytes | None = None) -> int:
     return 0 if response.is_success else 1
 
 
-def apply_adapter(frontend_url: str, adapter: AdapterSpec) -> int:
-    """``POST /v1/adapters``: create or update the adapter's desired state."""
-    return _print_answer("POST", f"{frontend_url}/v1/adapters", msgspec.json.encode(adapter))
+def apply_adapter(
+    frontend_url: str, adapter: AdapterSpec, *, wait_s: float = DEFAULT_APPLY_WAIT_S,
+    as_json: bool = False,
+) -> int:  # fmt: skip
+    """``POST /v1/adapters``, then wait up to ``wait_s`` for the adapter to leave ``pending``
+    and ``loading``; print its state (JSON with ``as_json``); 1 when refused or failed."""
+    url = f"{frontend_url}/v1/adapters"
+    try:
+        response = httpx.post(url, content=msgspec.json.encode(adapter),
+                              headers=_admin_headers(), timeout=30)  # fmt: skip
+        answer: Any = response.json()
+        if response.is_success:
+            answer = settled_status(frontend_url, answer, wait_s)
+    except (httpx.HTTPError, ValueError) as exc:
+        print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
+        return 1
+    if not response.is_success:
+        print(json.dumps(answer))
+        return 1
+    print(json.dumps(answer) if as_json else describe(answer, wait_s))
+    return 1 if answer.get("state") == "failed" else 0
 
 
 def delete_adapter(frontend_url: str, name: str) -> int:

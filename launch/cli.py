@@ -17,6 +17,7 @@ from typing import Final
 from discovery.cli_help import HelpFormatter, add_version
 from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from launch.cluster_state import ClusterState, read_state
+from launch.fleet_status import DEFAULT_APPLY_WAIT_S
 from proto.adapters import AdapterSpec, LoraSource
 from proto.errors import LorafleetError
 
@@ -114,7 +115,20 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
     lora.add_argument("--replicas", type=_replicas, default=1,
                       help='apply: instances that keep it loaded, a number or "all"; '
                            "0 loads it only on demand")  # fmt: skip
+    lora.add_argument(
+        "--min-replicas",
+        type=_replicas,
+        help="apply: copies kept whatever the demand (default: --replicas)",
+    )
+    lora.add_argument(
+        "--max-replicas",
+        type=_replicas,
+        help="apply: most copies demand may add (default: --replicas)",
+    )
     lora.add_argument("--pinned", action="store_true", help="apply: never evict placed copies")
+    lora.add_argument("--wait-s", type=float, default=DEFAULT_APPLY_WAIT_S,
+                      help="apply: how long to wait for the adapter to leave pending/loading "
+                           "(0: do not wait)")  # fmt: skip
     _cluster_flags(lora, etcd=True)
 
 
@@ -234,6 +248,7 @@ _SPELLING: Final = {"name": "a NAME", "uri": "a URI", "base_model": "--base-mode
 
 def _lora(args: argparse.Namespace) -> int:
     from launch.admin import apply_adapter, delete_adapter, discover, lora_command
+    from launch.fleet_status import print_fleet
 
     needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
              "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip
@@ -245,11 +260,15 @@ def _lora(args: argparse.Namespace) -> int:
     if args.action == "apply":
         adapter = AdapterSpec(
             name=args.name, base_model=args.base_model, source=LoraSource(uri=args.uri),
-            replicas=args.replicas, pinned=args.pinned,
+            replicas=args.replicas, min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas, pinned=args.pinned,
         )  # fmt: skip
-        return apply_adapter(args.frontend, adapter)
+        return apply_adapter(args.frontend, adapter, wait_s=args.wait_s, as_json=args.json)
     if args.action == "delete":
         return delete_adapter(args.frontend, args.name)
     workers = args.worker or discover(args.etcd, args.namespace)
-    return lora_command(args.action, name=args.name, uri=args.uri, workers=workers,
+    code = lora_command(args.action, name=args.name, uri=args.uri, workers=workers,
                         as_json=args.json)  # fmt: skip
+    if args.action == "list" and not args.worker:
+        print_fleet(args.frontend, as_json=args.json)
+    return code

@@ -14,6 +14,8 @@ from typing import Final
 
 import msgspec
 
+from discovery.pids import pid_alive
+
 __all__ = ["ClusterState", "STATE_FILE_NAME", "read_state", "remove_state", "write_state"]
 
 STATE_FILE_NAME: Final = "cluster.json"
@@ -50,19 +52,9 @@ def read_state(state_dir: Path) -> ClusterState | None:
         state = msgspec.json.decode((state_dir / STATE_FILE_NAME).read_bytes(), type=ClusterState)
     except (OSError, msgspec.DecodeError):
         return None
-    return state if _alive(state.pid) else None
+    return state if pid_alive(state.pid) else None
 
 
 def remove_state(state_dir: Path) -> None:
     """Remove the state file when the cluster stops."""
     (state_dir / STATE_FILE_NAME).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -2,7 +2,9 @@
 
 from proto.adapters import (
     AdapterList,
+    AdapterLoadError,
     AdapterSpec,
+    AdapterState,
     AdapterStatus,
     ListLorasRequest,
     LoadLoraRequest,
@@ -116,6 +118,7 @@ from proto.openai import (
     FrontendHealth,
     ModelList,
     ModelObject,
+    ModelStatus,
     OpenAIError,
     OpenAIErrorResponse,
     StreamOptions,
@@ -133,6 +136,7 @@ from proto.placement import (
 from proto.uris import (
     is_scheme_name,
     public_uri,
+    public_uris_in,
     redact_uri,
     split_uri,
 )
@@ -154,7 +158,9 @@ from proto.vllm_lora import (
 __all__ = [
     "AUTHORIZATION_HEADER",
     "AdapterList",
+    "AdapterLoadError",
     "AdapterSpec",
+    "AdapterState",
     "AdapterStatus",
     "CancelRequest",
     "CapacityError",
@@ -210,6 +216,7 @@ __all__ = [
     "ModelDeploymentCard",
     "ModelList",
     "ModelObject",
+    "ModelStatus",
     "ModelType",
     "NatsUnavailableError",
     "NotFoundError",
@@ -261,6 +268,7 @@ __all__ = [
     "may_drop_copy",
     "plan_copies",
     "public_uri",
+    "public_uris_in",
     "redact_uri",
     "rendezvous_order",
     "replica_bounds",

@@ -19,7 +19,9 @@ from proto.uris import split_uri
 
 __all__ = [
     "AdapterList",
+    "AdapterLoadError",
     "AdapterSpec",
+    "AdapterState",
     "AdapterStatus",
     "ListLorasRequest",
     "LoadLoraRequest",
@@ -46,6 +48,8 @@ Replicas = Annotated[
     msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
 ]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+AdapterState = Literal["placed", "loading", "failed", "pending", "cold"]
+"""Where a desired adapter stands (``docs/fleet.md``, "Adapter status")."""
 
 
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
@@ -103,16 +107,43 @@ class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     pinned: bool = False
 
 
-class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
-    """An adapter's desired state (URI redacted) and where it is loaded now.
+class AdapterLoadError(msgspec.Struct, kw_only=True, frozen=True):
+    """An adapter's last failed load, as ``/v1/adapters`` and ``/v1/models`` show it."""
 
-    Answer of ``GET /v1/adapters/{name}`` and of ``POST /v1/adapters``.
+    code: str
+    """The worker's error code (``proto.errors``), e.g. ``not_found`` for a missing source."""
+    message: str
+    """The worker's message, URIs redacted."""
+    at: str
+    """When it failed, ISO 8601 UTC."""
+    instance: str
+    """Hex id of the instance it failed on."""
+    attempts: int = 1
+    """Failed attempts in a row."""
+    retry_at: str | None = None
+    """When it is tried again (ISO 8601 UTC); None when only a request tries it again."""
+
+
+class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
+    """An adapter's desired state (URI redacted), its state, and where it is loaded now.
+
+    Answer of ``GET /v1/adapters/{name}`` and of ``POST /v1/adapters``. ``min_replicas``
+    and ``max_replicas`` are the bounds in force (``replica_bounds``), never None.
     """
 
     instances: list[str] = msgspec.field(default_factory=list)
     """Lower-case hex ids of the live instances that have the adapter's card."""
     warnings: list[str] = msgspec.field(default_factory=list)
     """Why the adapter may not be served yet (e.g. no live instance serves its base model)."""
+    state: AdapterState = "pending"
+    """``placed``, ``loading``, ``failed``, ``pending`` (placement will load it) or ``cold``
+    (``min_replicas`` 0: the first request loads it)."""
+    loading: list[str] = msgspec.field(default_factory=list)
+    """Hex ids of the instances loading it now."""
+    demand: float = 0.0
+    """Recent requests per second across the fleet (the workers' load records)."""
+    error: AdapterLoadError | None = None
+    """The last failed load while ``state`` is ``failed``."""
 
 
 class AdapterList(msgspec.Struct, kw_only=True, frozen=True):

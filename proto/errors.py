@@ -155,6 +155,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
     "shutting_down": 503,
     "capacity": 429,
+    "adapter_load_failed": 424,  # the adapter's load failed; retrying at once cannot help
     "internal_error": 500,
     "upstream_error": 502,
     "unavailable": 503,

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from proto.adapters import AdapterLoadError, AdapterState
 from proto.limits import (
     INT64_MAX,
     INT64_MIN,
@@ -43,6 +44,7 @@ __all__ = [
     "FrontendHealth",
     "ModelList",
     "ModelObject",
+    "ModelStatus",
     "OpenAIError",
     "OpenAIErrorResponse",
     "StreamOptions",
@@ -270,6 +272,14 @@ class CompletionResponse(msgspec.Struct, kw_only=True, frozen=True):
     object: Literal["text_completion"] = "text_completion"
 
 
+class ModelStatus(msgspec.Struct, kw_only=True, frozen=True):
+    """Where a desired adapter that no instance has loaded stands (``AdapterStatus.state``)."""
+
+    state: AdapterState
+    error: AdapterLoadError | None = None
+    """Its last failed load while ``state`` is ``failed``."""
+
+
 class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
     """One entry of ``/v1/models``; vLLM's ``root`` and ``parent`` (an adapter's base).
 
@@ -284,6 +294,8 @@ class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
     parent: str | None = None
     max_model_len: int | None = None
     loaded: bool = True
+    status: ModelStatus | None = None
+    """lorafleet's: a desired adapter that no live instance has loaded says why (None otherwise)."""
     object: Literal["model"] = "model"
 
 

@@ -13,10 +13,11 @@ import re
 from typing import Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-__all__ = ["is_scheme_name", "public_uri", "redact_uri", "split_uri"]
+__all__ = ["is_scheme_name", "public_uri", "public_uris_in", "redact_uri", "split_uri"]
 
 REDACTED: Final = "***"
 _SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
+_URI_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 
 def is_scheme_name(scheme: str) -> bool:
@@ -66,6 +67,11 @@ def public_uri(source: str) -> str:
     path = redacted if parts is None else parts[1]
     name = path.rstrip("/").rpartition("/")[2]
     return f"file:///{REDACTED}/{name}" if name else f"file:///{REDACTED}"
+
+
+def public_uris_in(text: str) -> str:
+    """``text`` (an error message) with every URI in it as ``public_uri`` shows it."""
+    return _URI_IN_TEXT.sub(lambda match: public_uri(match.group()), text)
 
 
 def _redact_pair(pair: str) -> str:

@@ -6,12 +6,15 @@ benchmarks and ``lorafleet up``; this module only adds the test wiring.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from launch.local_servers import free_port
 from launch.processes import ServiceProcess, frontend_argv, spawn_service, worker_argv
 
-__all__ = ["ServiceProcess", "start_frontend", "start_worker"]
+__all__ = ["ServiceProcess", "frontend_start_failure", "start_frontend", "start_worker"]
 
 
 def start_worker(
@@ -47,6 +50,18 @@ def start_frontend(
     argv = frontend_argv(port=port, args=("--namespace", namespace, *args))
     base_env = {"ETCD_ENDPOINTS": etcd_url, "NATS_SERVER": nats_url}
     return _start(f"frontend-{port}", argv, port, log_dir, {**base_env, **(env or {})}, wait)
+
+
+def frontend_start_failure(env: dict[str, str]) -> str:
+    """Run ``python -m frontend`` with ``env`` over the test's environment, expecting it to
+    fail at start-up: asserts exit 1 and no traceback, and returns its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "frontend", "--http-port", str(free_port())],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stderr
 
 
 def _start(

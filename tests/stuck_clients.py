@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -71,3 +72,22 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def exits_within_grace_despite_stuck_clients_and_hung_etcd(
+    service: ServiceProcess, etcd: LocalServer, *, grace_s: float, slow_path: str, stopping: str
+) -> None:
+    """Hold 500 idle connections and a POST to ``slow_path`` without its body, hang etcd,
+    send SIGTERM: the process exits 0 within ``grace_s`` plus the margin, having logged
+    ``stopping`` (it must log JSON, ``LOG_FORMAT=json``). Kills ``service`` in any case."""
+    try:
+        with stuck_clients(service.port, idle=500, slow_path=slow_path):
+            served_after(service)
+            with hung(etcd):
+                code, took_s = stop_by_signal(service, grace_s=grace_s)
+    finally:
+        service.kill()
+    assert code == 0
+    assert took_s < grace_s + EXIT_MARGIN_S
+    lines = [json.loads(line) for line in service.log_path.read_text().splitlines()]
+    assert stopping in [line["event"] for line in lines]

@@ -6,29 +6,28 @@ import argparse
 import json
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery.cli_help import HelpFormatter, add_version
+from discovery.flags import (
+    FlagSpec,
+    add_connection_flags,
+    add_env_options,
+    connection_args,
+    env_flag,
+    env_option,
+)
 from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from discovery.keys import DEFAULT_NAMESPACE
 from discovery.nats_settings import DEFAULT_NATS_SERVER
-from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
 from worker.placement import PlacementPolicy
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
-
-_TRUE: Final = {"1", "true", "yes", "on"}
-
-
-def env_flag(name: str, default: bool = False) -> bool:
-    """Read a boolean environment variable (``1``/``true``/``yes``/``on``)."""
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() in _TRUE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,135 +93,69 @@ class WorkerConfig:
         return f"http://{host}:{self.system_port}"
 
 
+_FLAGS: Final[tuple[FlagSpec, ...]] = (
+    ("--model", "DYN_MODEL", None, str,
+     "model path or name, required"),
+    ("--served-model-name", "DYN_SERVED_MODEL_NAME", None, str,
+     "the model's name in the API; default: --model"),
+    ("--component", "DYN_COMPONENT", WorkerConfig.component, str, ""),
+    ("--endpoint", "DYN_ENDPOINT", WorkerConfig.endpoint, str, ""),
+    ("--system-host", "DYN_SYSTEM_HOST", WorkerConfig.system_host, str,
+     "status server's bind address"),
+    ("--system-port", "DYN_SYSTEM_PORT", WorkerConfig.system_port, int,
+     "status server's port: health, metrics, LoRA routes"),
+    ("--advertise-host", "DYN_ADVERTISE_HOST", WorkerConfig.advertise_host, str,
+     "host others reach the status server at; default: the bind address or hostname"),
+    ("--lease-ttl", "DYN_LEASE_TTL", WorkerConfig.lease_ttl_s, int,
+     "etcd lease TTL in seconds"),
+    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", WorkerConfig.shutdown_grace_s, float,
+     "seconds in-flight requests get to finish on SIGTERM"),
+    ("--max-loras", "DYN_MAX_LORAS", EngineConfig.max_loras, int,
+     "adapters loaded at once"),
+    ("--max-lora-rank", "DYN_MAX_LORA_RANK", EngineConfig.max_lora_rank, int,
+     "largest adapter rank accepted"),
+    ("--lora-idle-unload-s", "DYN_LORA_IDLE_UNLOAD_S", WorkerConfig.lora_idle_unload_s, float,
+     "unload an on-demand adapter idle this long"),
+    ("--lora-copy-rps", "DYN_LORA_COPY_RPS", WorkerConfig.lora_copy_rps, float,
+     "requests/s one adapter copy serves; more demand adds a copy (a copy is prefetched "
+     "at 70%% of it)"),
+    ("--lora-copy-cooldown-s", "DYN_LORA_COPY_COOLDOWN_S", WorkerConfig.lora_copy_cooldown_s,
+     float, "an extra copy is dropped after demand stayed low this long"),
+    ("--lora-demand-half-life-s", "DYN_LORA_DEMAND_HALF_LIFE_S",
+     WorkerConfig.lora_demand_half_life_s, float, "half-life of the per-adapter request rates"),
+    ("--context-length", "DYN_CONTEXT_LENGTH", EngineConfig.context_length, int,
+     "tokens of prompt plus output"),
+    ("--mocker-time-per-token-s", "DYN_MOCKER_TIME_PER_TOKEN_S", 0.0, float,
+     "mocker: delay per token"),
+)  # fmt: skip
+"""The worker's own flags: (flag, variable, default, parser, help); defaults are the
+configs' own."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     p = argparse.ArgumentParser(
         prog="lorafleet worker", formatter_class=HelpFormatter,
         description="A lorafleet worker: serves one model with one engine (mocker, hf or vllm) "
         "on a NATS subject and registers it in etcd. Every flag has an environment variable.",
     )  # fmt: skip
     add_version(p)
-    add = p.add_argument
-    add(
-        "--engine",
-        choices=ENGINE_KINDS,
-        default=env("DYN_ENGINE", "mocker"),
-        help="mocker needs no model; hf runs transformers; vllm runs vLLM (env DYN_ENGINE)",
-    )
-    add("--model", default=env("DYN_MODEL"), help="model path or name, required (env DYN_MODEL)")
-    add(
-        "--served-model-name",
-        default=env("DYN_SERVED_MODEL_NAME"),
-        help="the model's name in the API; default: --model (env DYN_SERVED_MODEL_NAME)",
-    )
-    add("--namespace", default=env("DYN_NAMESPACE", DEFAULT_NAMESPACE), help="env DYN_NAMESPACE")
-    add("--component", default=env("DYN_COMPONENT", "backend"), help="env DYN_COMPONENT")
-    add("--endpoint", default=env("DYN_ENDPOINT", "generate"), help="env DYN_ENDPOINT")
-    add(
-        "--etcd-endpoints",
-        default=env("ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS),
-        help="comma-separated etcd URLs (env ETCD_ENDPOINTS)",
-    )
-    add("--nats-server", default=env("NATS_SERVER", DEFAULT_NATS_SERVER), help="env NATS_SERVER")
-    add(
-        "--system-host",
-        default=env("DYN_SYSTEM_HOST", "0.0.0.0"),
-        help="status server's bind address (env DYN_SYSTEM_HOST)",
-    )
-    add(
-        "--system-port",
-        type=int,
-        default=int(env("DYN_SYSTEM_PORT", "9345")),
-        help="status server's port: health, metrics, LoRA routes (env DYN_SYSTEM_PORT)",
-    )
-    add("--advertise-host", default=env("DYN_ADVERTISE_HOST", ""),
-        help="host others reach the status server at; default: the bind address or hostname "
-        "(env DYN_ADVERTISE_HOST)")  # fmt: skip
-    add(
-        "--lease-ttl",
-        type=int,
-        default=int(env("DYN_LEASE_TTL", "10")),
-        help="etcd lease TTL in seconds (env DYN_LEASE_TTL)",
-    )
-    add(
-        "--shutdown-grace",
-        type=float,
-        default=float(env("DYN_SHUTDOWN_GRACE", "10")),
-        help="seconds in-flight requests get to finish on SIGTERM (env DYN_SHUTDOWN_GRACE)",
-    )
-    add(
-        "--connect-timeout-s",
-        type=float,
-        default=float(env("DYN_CONNECT_TIMEOUT_S", str(DEFAULT_CONNECT_TIMEOUT_S))),
-        help="start-up wait for etcd and NATS, then exit 1 (env DYN_CONNECT_TIMEOUT_S)",
-    )
-    add(
-        "--header-timeout-s",
-        type=float,
-        default=float(env("DYN_HEADER_TIMEOUT_S", str(DEFAULT_HEADER_TIMEOUT_S))),
-        help="close status connections with no request head by then (env DYN_HEADER_TIMEOUT_S)",
-    )
-    add("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
-        help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
-        "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
-    add(
-        "--max-loras",
-        type=int,
-        default=int(env("DYN_MAX_LORAS", "4")),
-        help="adapters loaded at once (env DYN_MAX_LORAS)",
-    )
-    add(
-        "--max-lora-rank",
-        type=int,
-        default=int(env("DYN_MAX_LORA_RANK", "64")),
-        help="largest adapter rank accepted (env DYN_MAX_LORA_RANK)",
-    )
-    add(
-        "--lora-idle-unload-s",
-        type=float,
-        default=float(env("DYN_LORA_IDLE_UNLOAD_S", "300")),
-        help="unload an on-demand adapter idle this long (env DYN_LORA_IDLE_UNLOAD_S)",
-    )
-    _add_placement_flags(add, env)
-    add(
-        "--context-length",
-        type=int,
-        default=int(env("DYN_CONTEXT_LENGTH", "2048")),
-        help="tokens of prompt plus output (env DYN_CONTEXT_LENGTH)",
-    )
-    add(
-        "--mocker-time-per-token-s",
-        type=float,
-        default=float(env("DYN_MOCKER_TIME_PER_TOKEN_S", "0")),
-        help="mocker: delay per token (env DYN_MOCKER_TIME_PER_TOKEN_S)",
-    )
-    add(
-        "--engine-option",
-        action="append",
-        default=[],
-        metavar="KEY=JSON",
-        help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
-    )
+    add_connection_flags(p)
+    add_env_options(p, _FLAGS)
+    env_option(p, "--engine", "DYN_ENGINE", "mocker",
+               "mocker needs no model; hf runs transformers; vllm runs vLLM",
+               choices=ENGINE_KINDS)  # fmt: skip
+    env_option(p, "--placement-policy", "DYN_PLACEMENT_POLICY",
+               WorkerConfig.placement_policy.value,
+               "bounded: copies from demand on instances with room; rendezvous: the old fixed "
+               "replicas by hash alone",
+               choices=[policy.value for policy in PlacementPolicy])  # fmt: skip
+    p.add_argument("--enable-lora", action="store_true", default=env_flag("DYN_ENABLE_LORA"),
+                   help="serve LoRA adapters (env DYN_ENABLE_LORA); LoRA management also needs "
+                   "DYN_LORA_ENABLED=true in the environment")  # fmt: skip
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=JSON",
+                   help="engine-specific option, e.g. fail_add_adapter='\"broken.*\"' "
+                   "(repeatable)")  # fmt: skip
     return p
-
-
-def _add_placement_flags(add: Callable[..., object], env: Callable[[str, str], str]) -> None:
-    """The fleet placement flags (``docs/fleet.md``), next to the other LoRA flags."""
-    add("--placement-policy", choices=[p.value for p in PlacementPolicy],
-        default=env("DYN_PLACEMENT_POLICY", "bounded"),
-        help="bounded: copies from demand on instances with room; rendezvous: the old fixed "
-        "replicas by hash alone (env DYN_PLACEMENT_POLICY)")  # fmt: skip
-    add("--lora-copy-rps", type=float, default=float(env("DYN_LORA_COPY_RPS", "10")),
-        help="requests/s one adapter copy serves; more demand adds a copy (a copy is "
-        "prefetched at 70%% of it) (env DYN_LORA_COPY_RPS)")  # fmt: skip
-    add("--lora-copy-cooldown-s", type=float,
-        default=float(env("DYN_LORA_COPY_COOLDOWN_S", "120")),
-        help="an extra copy is dropped after demand stayed low this long "
-        "(env DYN_LORA_COPY_COOLDOWN_S)")  # fmt: skip
-    add("--lora-demand-half-life-s", type=float,
-        default=float(env("DYN_LORA_DEMAND_HALF_LIFE_S", "30")),
-        help="half-life of the per-adapter request rates "
-        "(env DYN_LORA_DEMAND_HALF_LIFE_S)")  # fmt: skip
 
 
 def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
@@ -244,14 +177,11 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             options=options,
         )
         return WorkerConfig(
-            engine=args.engine, engine_config=engine_config, namespace=args.namespace,
+            **connection_args(args), engine=args.engine, engine_config=engine_config,
             component=args.component, endpoint=args.endpoint,
-            etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
-            nats_server=args.nats_server,
             system_host=args.system_host, system_port=args.system_port,
             advertise_host=args.advertise_host, lease_ttl_s=args.lease_ttl,
-            shutdown_grace_s=args.shutdown_grace, connect_timeout_s=args.connect_timeout_s,
-            header_timeout_s=args.header_timeout_s, lora_enabled=env_flag("DYN_LORA_ENABLED"),
+            shutdown_grace_s=args.shutdown_grace, lora_enabled=env_flag("DYN_LORA_ENABLED"),
             auth_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
             lora_idle_unload_s=args.lora_idle_unload_s,
             placement_policy=PlacementPolicy(args.placement_policy),

@@ -11,7 +11,6 @@ caller's fault (4xx).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
@@ -25,21 +24,13 @@ from worker.engine import LLMEngine
 from worker.status_server import StatusState, admitted_body, reply_response
 from worker.vllm_lora_routes import load_lora_adapter, unload_lora_adapter
 
-__all__ = ["LORA_PATHS", "LoraSupport", "build_lora_support"]
+__all__ = ["LORA_PATHS", "lora_missing", "lora_routes"]
 
 LORA_PATHS: Final = ["update/load_lora", "update/unload_lora", "update/list_loras"]
 
 
-@dataclass(frozen=True)
-class LoraSupport:
-    """Whether LoRA management is on, why not, and the routes to mount."""
-
-    missing: list[str]
-    routes: list[BaseRouteHandler] = field(default_factory=list)
-
-
-def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusState) -> LoraSupport:
-    """Decide LoRA gating, enable the engine's lifecycle, and pick the routes to mount."""
+def lora_missing(config: WorkerConfig, engine: LLMEngine) -> list[str]:
+    """Why LoRA management is off here, one reason per missing switch; empty when it is on."""
     missing = []
     if not config.engine_config.enable_lora:
         missing.append("the worker was started without --enable-lora")
@@ -47,18 +38,15 @@ def build_lora_support(config: WorkerConfig, engine: LLMEngine, status: StatusSt
         missing.append("DYN_LORA_ENABLED is not true")
     if not isinstance(engine, AdapterEngine):
         missing.append(f"the {config.engine} engine does not serve adapters")
-    if missing:
-        reason = "LoRA management not available: " + "; ".join(missing)
-        status.registry.explain_missing(LORA_PATHS, reason)
-    else:
-        from worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
+    return missing
 
-        assert isinstance(engine, AdapterEngine)
-        engine.enable_adapters(LoRAManager.from_env())
-    routes: list[BaseRouteHandler] = []
-    if config.lora_enabled:
-        routes = [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
-    return LoraSupport(missing=missing, routes=routes)
+
+def lora_routes(config: WorkerConfig) -> list[BaseRouteHandler]:
+    """The ``/v1/loras`` and vLLM routes, mounted whenever ``DYN_LORA_ENABLED`` is true (they
+    say what is missing when management is off)."""
+    if not config.lora_enabled:
+        return []
+    return [list_loras, load_lora, unload_lora, load_lora_adapter, unload_lora_adapter]
 
 
 def _compat_response(reply: UpdateReply) -> Response[Any]:

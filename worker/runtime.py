@@ -1,9 +1,14 @@
 """Start a worker in the design's order, serve until a signal, then shut down in bounded time.
 
-Start-up (each step fatal): 1. NATS, etcd, lease (each waited for up to the connect
-timeout); 2. subscription confirmed at the server; 3. engine start and
-``on_endpoint_ready`` exactly once; 4. engine routes registered; 5. instance record
-and base card put. A signal during start-up stops it at once. Shutdown: stop taking
+Start-up is ``WorkerRuntime._start``, one step a line, each fatal: 1. NATS, etcd, lease
+(each waited for up to the connect timeout); 2. subscription confirmed at the server;
+3. adapter sources and cache, when LoRA is on (else the LoRA routes say which switch is
+missing); 4. status server and its routes; 5. engine start and ``on_endpoint_ready``
+exactly once (an adapter engine binds its LoRA controller to the endpoint there);
+6. engine routes registered, updates over NATS open; 7. instance record and base card
+put; 8. placement follows the fleet's desired state (LoRA on). What a step opens is
+undone through the start-up's ``AsyncExitStack``. A signal during start-up stops it at
+once. Shutdown: stop taking
 requests, finish in-flight ones within the grace period, revoke the lease (which
 deletes every record); clean-up gets ``CLEANUP_BUDGET_S`` more, then the process exits.
 """
@@ -20,12 +25,13 @@ from typing import Final
 
 import structlog
 
-from discovery.client import EtcdClient, connect_etcd
+from discovery.client import EtcdClient
+from discovery.connect import wait_for_etcd, wait_for_nats
 from discovery.keys import instance_key, load_key
 from discovery.lease import LeaseKeeper
 from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from discovery.nats_settings import NatsSettings
-from discovery.startup import connect_with_retry, unless_stopped
+from discovery.startup import unless_stopped
 from proto.discovery import Instance, encode_record
 from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
@@ -33,7 +39,7 @@ from worker.endpoint import Endpoint, EndpointAddress
 from worker.engine import LLMEngine
 from worker.engine_registry import EngineRegistry
 from worker.engines import create_engine
-from worker.lora_routes import build_lora_support
+from worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
 from worker.placement import Placement, PlacementSettings
 from worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
@@ -94,23 +100,17 @@ class WorkerRuntime:
     async def _start(
         self, stack: contextlib.AsyncExitStack
     ) -> tuple[StatusState, Endpoint, LeaseKeeper, Placement | None]:
-        """Steps 1-5 of start-up; everything opened is undone through ``stack``."""
-        cfg = self.config
+        """Start-up, one step a line (see the module docstring); ``stack`` undoes each."""
         nats, etcd = await self._connect(stack)
-        lease = await LeaseKeeper.grant(etcd, cfg.lease_ttl_s)
-        stack.push_async_callback(lease.aclose, revoke=True)
-        address = self._address(lease.lease_id)
-        endpoint = Endpoint(nats.client, lease, address, update_token=cfg.auth_token)
-        await endpoint.serve()
+        lease = await self._grant_lease(etcd, stack)
+        endpoint = await self._serve_endpoint(nats, lease)
         status = StatusState(
-            self.registry, instance_id=lease.lease_id, auth_token=cfg.auth_token, nats=nats
+            self.registry, instance_id=lease.lease_id, auth_token=self.config.auth_token, nats=nats
         )
-        status_server = self._status_server(status)
-        await status_server.start()
-        stack.push_async_callback(status_server.aclose)
+        self._enable_adapters(stack)
+        await self._start_status_server(status, stack)
         await self._start_engine(endpoint)
-        self.registry.register(self.engine)
-        endpoint.update_handler = status.call
+        self._open_updates(status, endpoint)
         await self._publish(lease, endpoint)
         placement = await self._start_placement(etcd, lease)
         status.phase = WorkerPhase.READY
@@ -120,41 +120,64 @@ class WorkerRuntime:
     async def _connect(self, stack: contextlib.AsyncExitStack) -> tuple[NatsConnection, EtcdClient]:
         """NATS, then etcd, each waited for up to the connect timeout."""
         cfg = self.config
-        settings = NatsSettings.from_env(cfg.nats_server)
-        nats = await connect_with_retry(
-            lambda: NatsConnection.connect(
-                settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost,
-                inbox_prefix=WORKER_INBOX_PREFIX,
-            ),
-            service="NATS", url=settings.servers_text, timeout_s=cfg.connect_timeout_s,
-            check="NATS_SERVER (--nats-server)",
+        nats = await wait_for_nats(
+            NatsSettings.from_env(cfg.nats_server), name=f"worker-{os.getpid()}",
+            timeout_s=cfg.connect_timeout_s, on_lost=self._nats_lost,
+            inbox_prefix=WORKER_INBOX_PREFIX,
         )  # fmt: skip
         stack.push_async_callback(nats.aclose)
-        etcd = await connect_with_retry(
-            lambda: connect_etcd(cfg.etcd),
-            service="etcd", url=cfg.etcd.describe(), timeout_s=cfg.connect_timeout_s,
-            check="ETCD_ENDPOINTS (--etcd-endpoints)",
-        )  # fmt: skip
+        etcd = await wait_for_etcd(cfg.etcd, timeout_s=cfg.connect_timeout_s)
         stack.push_async_callback(etcd.close)
         return nats, etcd
 
-    def _address(self, instance_id: int) -> EndpointAddress:
-        cfg = self.config
-        return EndpointAddress(
-            namespace=cfg.namespace, component=cfg.component,
-            endpoint=cfg.endpoint, instance_id=instance_id,
-        )  # fmt: skip
+    async def _grant_lease(self, etcd: EtcdClient, stack: contextlib.AsyncExitStack) -> LeaseKeeper:
+        lease = await LeaseKeeper.grant(etcd, self.config.lease_ttl_s)
+        stack.push_async_callback(lease.aclose, revoke=True)
+        return lease
 
-    def _status_server(self, status: StatusState) -> StatusServer:
-        lora = build_lora_support(self.config, self.engine, status)
-        app = build_status_app(status, lora.routes)
+    async def _serve_endpoint(self, nats: NatsConnection, lease: LeaseKeeper) -> Endpoint:
+        """Subscribe to this instance's subject, confirmed by the server."""
         cfg = self.config
-        return StatusServer(app, cfg.system_host, cfg.system_port, cfg.header_timeout_s)
+        address = EndpointAddress(
+            namespace=cfg.namespace, component=cfg.component,
+            endpoint=cfg.endpoint, instance_id=lease.lease_id,
+        )  # fmt: skip
+        endpoint = Endpoint(nats.client, lease, address, update_token=cfg.auth_token)
+        await endpoint.serve()
+        return endpoint
+
+    def _enable_adapters(self, stack: contextlib.AsyncExitStack) -> None:
+        """LoRA on: give the engine the adapter sources and cache (``LoRAManager``), whose
+        downloads still running at exit are cancelled. LoRA off: say which switch is missing."""
+        missing = lora_missing(self.config, self.engine)
+        if missing or not isinstance(self.engine, AdapterEngine):
+            reason = "LoRA management not available: " + "; ".join(missing)
+            self.registry.explain_missing(LORA_PATHS, reason)
+            return
+        from worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
+
+        manager = LoRAManager.from_env()
+        stack.push_async_callback(manager.aclose)
+        self.engine.enable_adapters(manager)
+
+    async def _start_status_server(
+        self, status: StatusState, stack: contextlib.AsyncExitStack
+    ) -> None:
+        cfg = self.config
+        app = build_status_app(status, lora_routes(cfg))
+        server = StatusServer(app, cfg.system_host, cfg.system_port, cfg.header_timeout_s)
+        await server.start()
+        stack.push_async_callback(server.aclose)
 
     async def _start_engine(self, endpoint: Endpoint) -> None:
         await self.engine.start()
         endpoint.engine = self.engine
         await self.engine.on_endpoint_ready(endpoint)
+
+    def _open_updates(self, status: StatusState, endpoint: Endpoint) -> None:
+        """Register the engine's routes; updates then run over HTTP and NATS alike."""
+        self.registry.register(self.engine)
+        endpoint.update_handler = status.call
 
     async def _publish(self, lease: LeaseKeeper, endpoint: Endpoint) -> None:
         cfg, address = self.config, endpoint.address

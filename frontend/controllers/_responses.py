@@ -19,6 +19,8 @@ MODEL_ERRORS: Final = {404: _error("No live instance serves the model; the messa
 GENERATE_ERRORS: Final = {
     400: _error("Invalid body; the message names the field"),
     **MODEL_ERRORS,
+    424: _error("The adapter's last load failed; the message names the worker's error"),
+    429: _error("No free adapter slot, or too many requests wait for the adapter's load"),
     502: _error("The worker failed; the message is the worker's"),
     503: _error("No live instance answered"),
 }

@@ -1,7 +1,8 @@
 """``/v1/adapters``: write and read the fleet's desired adapters (``v1/adapters/{ns}/{slug}``).
 
 Workers place what is written here among themselves; this controller only
-stores it and reports where each adapter is loaded now (from the cards).
+stores it and reports each adapter's state (``AdapterStates``: where it is
+loaded, what loads it, its last failure, its demand).
 ``POST`` and ``DELETE`` need the ``DYN_ADMIN_TOKEN`` bearer token when one is set.
 """
 
@@ -9,29 +10,22 @@ from __future__ import annotations
 
 from typing import Final
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Response, delete, get
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from frontend.admin_auth import require_admin_token
+from frontend.admin_auth import admin_post, require_admin_token
 from frontend.desired_state import DesiredState
 from frontend.errors import MAX_NAMES_IN_MESSAGE
 from frontend.registry import ModelRegistry
 from frontend.services import Services
-from proto.adapters import (
-    AdapterList,
-    AdapterSpec,
-    AdapterStatus,
-    LoraSource,
-    validate_adapter_spec,
-)
+from proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
 from proto.errors import ConflictError, NotFoundError
 from proto.limits import shorten
 from proto.openai import OpenAIErrorResponse
-from proto.uris import public_uri
 
-__all__ = ["AdaptersController", "adapter_status"]
+__all__ = ["AdaptersController"]
 
 
 def _error(description: str) -> ResponseSpec:
@@ -45,21 +39,6 @@ WRITE_ERRORS: Final = {
     503: _error("etcd is unavailable"),
 }
 NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
-
-
-def adapter_status(
-    spec: AdapterSpec, registry: ModelRegistry, warnings: list[str] | None = None
-) -> AdapterStatus:
-    """``spec`` with its URI as anyone may see it (``public_uri``) and the hex ids of the live
-    instances that have it."""
-    served = registry.get(spec.name)
-    holders = served.instances if served is not None and served.parent is not None else ()
-    return AdapterStatus(
-        name=spec.name, base_model=spec.base_model,
-        source=LoraSource(uri=public_uri(spec.source.uri)),
-        replicas=spec.replicas, pinned=spec.pinned,
-        instances=[f"{instance.instance_id:x}" for instance in holders], warnings=warnings or [],
-    )  # fmt: skip
 
 
 def _check_against_served(spec: AdapterSpec, registry: ModelRegistry) -> list[str]:
@@ -82,12 +61,11 @@ class AdaptersController(Controller):
     path = "/v1/adapters"
     tags = ["adapters"]
 
-    @post(
+    @admin_post(
         "/",
         operation_id="applyAdapter",
         summary="Create or update an adapter's desired state",
         description="201 when the stored state changed, 200 when it already was exactly this.",
-        guards=[require_admin_token],
         responses=WRITE_ERRORS,
     )
     async def apply(
@@ -100,15 +78,13 @@ class AdaptersController(Controller):
         warnings = _check_against_served(spec, services.registry)
         changed = await services.desired.apply(spec)
         return Response(
-            adapter_status(spec, services.registry, warnings), status_code=201 if changed else 200
+            services.adapters.status(spec, warnings), status_code=201 if changed else 200
         )
 
-    @get("/", operation_id="listAdapters", summary="List desired adapters and where they are")
+    @get("/", operation_id="listAdapters", summary="List desired adapters and their state")
     async def list_adapters(self, services: NamedDependency[Services]) -> AdapterList:
-        """Every desired adapter by name, with the instances that have it loaded now."""
-        return AdapterList(
-            data=[adapter_status(spec, services.registry) for spec in services.desired.specs()]
-        )
+        """Every desired adapter by name, with its state and the instances that have it."""
+        return AdapterList(data=[services.adapters.status(s) for s in services.desired.specs()])
 
     @get(
         "/{name:path}",
@@ -122,9 +98,7 @@ class AdaptersController(Controller):
         services: NamedDependency[Services],
     ) -> AdapterStatus:
         """One desired adapter (names may contain ``/``)."""
-        return adapter_status(
-            _desired_or_404(services.desired, name.lstrip("/")), services.registry
-        )
+        return services.adapters.status(_desired_or_404(services.desired, name.lstrip("/")))
 
     @delete(
         "/{name:path}",
@@ -145,7 +119,7 @@ class AdaptersController(Controller):
         spec = _desired_or_404(services.desired, name)
         if not await services.desired.delete(name):
             raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")
-        return adapter_status(spec, services.registry)
+        return services.adapters.status(spec)
 
 
 def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:

@@ -1,7 +1,9 @@
 """``GET /v1/models``: every base model and adapter a live instance serves, and cold adapters.
 
 A cold adapter (desired, loaded nowhere, base model served) is listed with
-``loaded: false``: the first request for it loads it on demand.
+``loaded: false`` and lorafleet's ``status`` (``AdapterStates``): the first request
+for it loads it on demand, unless its last load failed (``status.state`` is
+``failed``, with the error).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from litestar import Controller, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
+from frontend.adapter_states import AdapterStates
 from frontend.controllers._responses import MODEL_ERRORS
 from frontend.errors import ModelNotFoundError
 from frontend.registry import ServedModel
 from frontend.resolver import ColdAdapter
 from frontend.services import Services
-from proto.openai import ModelList, ModelObject
+from proto.openai import ModelList, ModelObject, ModelStatus
 from proto.uris import public_uri
 
 __all__ = ["ModelsController", "cold_model_object", "model_object"]
@@ -33,8 +36,10 @@ def model_object(served: ServedModel) -> ModelObject:
     )
 
 
-def cold_model_object(cold: ColdAdapter) -> ModelObject:
-    """The entry of a cold adapter: ``loaded: false``, its base's ``created`` and length."""
+def cold_model_object(cold: ColdAdapter, states: AdapterStates) -> ModelObject:
+    """The entry of a cold adapter: ``loaded: false``, its state (and error when it failed),
+    its base's ``created`` and length."""
+    now = states.state_of(cold.spec)
     return ModelObject(
         id=cold.spec.name,
         created=cold.base.created,
@@ -42,6 +47,7 @@ def cold_model_object(cold: ColdAdapter) -> ModelObject:
         parent=cold.spec.base_model,
         max_model_len=cold.base.card.context_length or None,
         loaded=False,
+        status=ModelStatus(state=now.state, error=now.error),
     )
 
 
@@ -58,7 +64,7 @@ class ModelsController(Controller):
         entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
         cold = resolver.cold()
         if cold:
-            entries += [cold_model_object(adapter) for adapter in cold]
+            entries += [cold_model_object(adapter, services.adapters) for adapter in cold]
             entries.sort(key=lambda entry: entry.id)
         return ModelList(data=entries)
 
@@ -78,5 +84,5 @@ class ModelsController(Controller):
             return model_object(served)
         for cold in services.resolver.cold():
             if cold.spec.name == name:
-                return cold_model_object(cold)
+                return cold_model_object(cold, services.adapters)
         raise ModelNotFoundError(name, services.resolver.names())

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from litestar import Controller, Response, post
+from litestar import Controller, Response
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
-from frontend.admin_auth import require_admin_token
+from frontend.admin_auth import admin_post
 from frontend.controllers.adapters import WRITE_ERRORS
 from frontend.registry import ModelRegistry
 from frontend.services import Services
@@ -84,12 +84,11 @@ class VllmLoraController(Controller):
     path = "/v1"
     tags = ["adapters"]
 
-    @post(
+    @admin_post(
         "/load_lora_adapter",
         operation_id="vllmLoadLoraAdapter",
         summary="vLLM's load: declare the adapter for every instance of its base model",
         status_code=200,
-        guards=[require_admin_token],
         responses=LOAD_ERRORS,
     )
     async def load(
@@ -111,12 +110,11 @@ class VllmLoraController(Controller):
             return _error(vllm_error_for_code(exc.code, exc.message))
         return _text(vllm_success_message(data.lora_name, loaded=True))
 
-    @post(
+    @admin_post(
         "/unload_lora_adapter",
         operation_id="vllmUnloadLoraAdapter",
         summary="vLLM's unload: remove the adapter from the desired state",
         status_code=200,
-        guards=[require_admin_token],
         responses=UNLOAD_ERRORS,
     )
     async def unload(

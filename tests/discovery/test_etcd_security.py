@@ -8,9 +8,6 @@ line naming the server and the variable to check, and is marked permanent.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +20,10 @@ from discovery.errors import EtcdRefusedError, EtcdUnavailableError
 from discovery.lease import LeaseKeeper
 from discovery.settings import EtcdSettings
 from launch.etcd_auth import EtcdUser, enable_etcd_auth
-from launch.local_servers import LocalServer, free_port, start_etcd
+from launch.local_servers import LocalServer, start_etcd
 from launch.tls_files import TlsFiles, make_tls_files
 from tests.etcd_scenarios import ADAPTER, MODEL, start_fleet
+from tests.processes import frontend_start_failure
 
 pytestmark = pytest.mark.slow
 
@@ -131,18 +129,12 @@ async def test_a_client_that_trusts_another_ca_is_refused_naming_etcd_auth_ca(
 def test_a_worker_without_a_client_certificate_exits_1_with_one_clear_line(
     tls_auth_etcd: SecureEtcd, nats_url: str
 ) -> None:
-    env = {
-        **os.environ, **tls_auth_etcd.settings.env(), "NATS_SERVER": nats_url,
+    stderr = frontend_start_failure({
+        **tls_auth_etcd.settings.env(), "NATS_SERVER": nats_url,
         "ETCD_AUTH_CLIENT_CERT": "", "ETCD_AUTH_CLIENT_KEY": "",
-    }  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "frontend", "--http-port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 1
-    assert f"etcd at {tls_auth_etcd.server.url} refused connect" in done.stderr
-    assert "ETCD_AUTH_CLIENT_CERT" in done.stderr
-    assert "Traceback" not in done.stderr
+    })  # fmt: skip
+    assert f"etcd at {tls_auth_etcd.server.url} refused connect" in stderr
+    assert "ETCD_AUTH_CLIENT_CERT" in stderr
 
 
 async def test_the_lease_survives_an_etcd_restart_that_forgets_every_auth_token(

@@ -1,12 +1,14 @@
-"""Fixtures of the frontend tests: an in-process frontend on a real port, stand-in workers."""
+"""Fixtures of the frontend tests: an in-process frontend on a real port, stand-in workers,
+real mocker workers with LoRA management on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +22,7 @@ from frontend.config import FrontendConfig
 from frontend.dispatcher import DispatchSettings
 from launch.local_servers import free_port
 from tests.frontend.stand_in import StandInWorker
+from tests.processes import ServiceProcess, start_worker
 
 FAST_DISPATCH = DispatchSettings(stall_s=0.3, ping_timeout_s=0.5)
 
@@ -83,6 +86,30 @@ async def workers(
     for worker in started:
         with contextlib.suppress(Exception):
             await worker.stop()
+
+
+@pytest.fixture
+def lora_workers(
+    tmp_path: Path, etcd_url: str, nats_url: str, namespace: str
+) -> Iterator[Callable[..., list[ServiceProcess]]]:
+    """Start ``count`` mocker workers of ``demo`` with LoRA on, in parallel; all are killed."""
+    started: list[ServiceProcess] = []
+
+    def start(count: int, *args: str, env: dict[str, str] | None = None) -> list[ServiceProcess]:
+        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache"), **(env or {})}
+        argv = ("--engine", "mocker", "--enable-lora", *args)
+        where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
+        batch = [
+            start_worker(tmp_path, **where, args=argv, env=env, wait=False) for _ in range(count)
+        ]
+        started.extend(batch)
+        for worker in batch:
+            worker.wait_ready()
+        return batch
+
+    yield start
+    for worker in started:
+        worker.kill()
 
 
 async def wait_for_models(frontend: RunningFrontend, names: set[str], timeout_s: float = 5) -> None:

@@ -172,10 +172,13 @@ async def test_cli_apply_and_delete_go_through_the_frontend(
 ) -> None:
     monkeypatch.setenv("DYN_ADMIN_TOKEN", TOKEN)
     argv = ["lora", "apply", "org/robot", "file:///adapters/robot", "--base-model", "demo",
-            "--replicas", "all", "--pinned", "--frontend", admin_frontend.url]  # fmt: skip
+            "--replicas", "all", "--pinned", "--frontend", admin_frontend.url,
+            "--json", "--wait-s", "0"]  # fmt: skip
     assert await asyncio.to_thread(lorafleet, argv) == 0
     printed = json.loads(capsys.readouterr().out)
     assert (printed["replicas"], printed["pinned"]) == ("all", True)
+    assert (printed["min_replicas"], printed["max_replicas"]) == ("all", "all")
+    assert printed["state"] == "pending"  # the stand-in worker places nothing
     spec = admin_frontend.app.state.services.desired.get("org/robot")
     assert spec == AdapterSpec(name="org/robot", base_model="demo",
                                source=LoraSource(uri="file:///adapters/robot"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 
@@ -11,10 +10,9 @@ from tests.processes import ServiceProcess, start_frontend
 from tests.stuck_clients import (
     EXIT_MARGIN_S,
     closed_by_server,
-    hung,
+    exits_within_grace_despite_stuck_clients_and_hung_etcd,
     served_after,
     stop_by_signal,
-    stuck_clients,
 )
 
 
@@ -33,17 +31,13 @@ def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(
         tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace=namespace,
         args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
     )  # fmt: skip
-    try:
-        with stuck_clients(frontend.port, idle=500, slow_path="/v1/chat/completions"):
-            served_after(frontend)
-            with hung(own_etcd):
-                code, took_s = stop_by_signal(frontend, grace_s=2)
-    finally:
-        frontend.kill()
-    assert code == 0
-    assert took_s < 2 + EXIT_MARGIN_S
-    lines = [json.loads(line) for line in frontend.log_path.read_text().splitlines()]
-    assert "frontend stopping" in [line["event"] for line in lines]
+    exits_within_grace_despite_stuck_clients_and_hung_etcd(
+        frontend,
+        own_etcd,
+        grace_s=2,
+        slow_path="/v1/chat/completions",
+        stopping="frontend stopping",
+    )
 
 
 def test_connections_without_a_request_head_are_closed(tmp_path, etcd_url, nats_url, namespace):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -23,36 +22,12 @@ from proto.discovery import decode_card
 from proto.placement import rendezvous_order
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
-from tests.processes import ServiceProcess, start_worker
+from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "tell me a story"
-
-
-@pytest.fixture
-def lora_workers(
-    tmp_path: Path, etcd_url: str, nats_url: str, namespace: str
-) -> Iterator[Callable[..., list[ServiceProcess]]]:
-    """Start ``count`` mocker workers of ``demo`` with LoRA on, in parallel; all are killed."""
-    started: list[ServiceProcess] = []
-
-    def start(count: int, *args: str, env: dict[str, str] | None = None) -> list[ServiceProcess]:
-        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache"), **(env or {})}
-        argv = ("--engine", "mocker", "--enable-lora", *args)
-        where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
-        batch = [
-            start_worker(tmp_path, **where, args=argv, env=env, wait=False) for _ in range(count)
-        ]
-        started.extend(batch)
-        for worker in batch:
-            worker.wait_ready()
-        return batch
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 def _uri(tmp_path: Path, name: str) -> str:
@@ -178,9 +153,9 @@ async def test_a_failed_load_answers_the_worker_s_error(
     full = await _complete(frontend.http, "other")
     assert full.status_code == 429
     assert full.json()["error"]["code"] == "capacity"
-    assert "pinned or busy" in full.json()["error"]["message"]
+    assert "pinned, busy" in full.json()["error"]["message"]
     missing = await _complete(frontend.http, "ghost")
-    assert missing.status_code == 404, missing.text
+    assert missing.status_code == 424, missing.text  # adapter_load_failed, not "no such model"
     message = missing.json()["error"]["message"]
     assert "file:///***/ghost: no such file or directory" in message
     assert "nonexistent" not in message  # the worker's paths are not the client's business

@@ -8,7 +8,6 @@ load it; an unload deletes the declaration and the workers drop it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -21,7 +20,6 @@ from proto.adapters import AdapterSpec
 from proto.naming import lora_slug
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
-from tests.processes import ServiceProcess, start_worker
 from tests.worker.adapters import make_adapter_dir
 
 TOKEN = "s3cret"
@@ -40,30 +38,6 @@ async def admin_frontend(etcd_url: str, nats_url: str, namespace: str):
                             admin_token=TOKEN)  # fmt: skip
     async with run_frontend(config) as running:
         yield running
-
-
-@pytest.fixture
-def lora_workers(
-    tmp_path: Path, etcd_url: str, nats_url: str, namespace: str
-) -> Iterator[Callable[[int], list[ServiceProcess]]]:
-    """Start ``count`` mocker workers of ``demo`` with LoRA on; all are killed afterwards."""
-    started: list[ServiceProcess] = []
-
-    def start(count: int) -> list[ServiceProcess]:
-        env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
-        argv = ("--engine", "mocker", "--enable-lora")
-        where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
-        batch = [
-            start_worker(tmp_path, **where, args=argv, env=env, wait=False) for _ in range(count)
-        ]
-        started.extend(batch)
-        for worker in batch:
-            worker.wait_ready()
-        return batch
-
-    yield start
-    for worker in started:
-        worker.kill()
 
 
 async def _instances(frontend: RunningFrontend, name: str, count: int) -> None:

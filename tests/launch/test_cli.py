@@ -53,7 +53,7 @@ def test_every_flag_has_help_and_descriptions_are_plain_text(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["up", "worker", "frontend"])
 def test_flags_read_from_the_environment_name_their_variable(name: str) -> None:
-    text = _parsers()[name].format_help()
+    text = " ".join(_parsers()[name].format_help().split())
     assert "env DYN_NAMESPACE" in text
     assert "(default:" in text
 

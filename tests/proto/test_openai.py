@@ -69,7 +69,8 @@ def test_model_list_has_openai_and_vllm_fields() -> None:
     assert msgspec.json.decode(msgspec.json.encode(listing)) == {
         "object": "list",
         "data": [{"id": "pirate", "object": "model", "created": 1, "owned_by": "lorafleet",
-                  "root": "file:///p", "parent": "demo", "max_model_len": None, "loaded": True}],
+                  "root": "file:///p", "parent": "demo", "max_model_len": None, "loaded": True,
+                  "status": None}],
     }  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proto.uris import public_uri, split_uri
+from proto.uris import public_uri, public_uris_in, split_uri
 
 
 @pytest.mark.parametrize(
@@ -53,3 +53,10 @@ def test_split_uri_lower_cases_the_scheme_and_keeps_the_rest(
 @pytest.mark.parametrize("uri", ["/srv/pirate", "org/pirate", "s3://", "1x://a", "://a", ""])
 def test_split_uri_refuses_what_has_no_scheme_or_no_location(uri: str) -> None:
     assert split_uri(uri) is None
+
+
+def test_public_uris_in_rewrites_every_uri_of_a_message_and_nothing_else() -> None:
+    message = "LoRA source file:///data/org/ghost: no such file; s3://b/k?sig=x failed too"
+    assert public_uris_in(message) == (
+        "LoRA source file:///***/ghost: no such file; s3://b/k?sig=*** failed too"
+    )

@@ -94,6 +94,17 @@ def _controller(engine: MockerEngine) -> LoraController:
     return engine.lora
 
 
+async def _full_of_pirate_and_robot(
+    start_engine: Any, uris: dict[str, str]
+) -> tuple[MockerEngine, LoraController]:
+    """An engine of two slots with ``pirate``, then ``robot`` loaded."""
+    engine = await start_engine(max_loras=2)
+    controller = _controller(engine)
+    for name in ("pirate", "robot"):
+        await controller.load(_load(name, uris[name]))
+    return engine, controller
+
+
 async def _cards(etcd: EtcdClient, namespace: str) -> dict[str, int]:
     listing = await etcd.get_prefix(card_prefix(namespace).encode())
     cards = [decode_card(kv.value) for kv in listing]
@@ -129,10 +140,7 @@ async def test_load_answers_typed_and_publishes_then_unload_retracts(
 async def test_full_slots_evict_the_least_recently_used_idle_adapter(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
-    engine = await start_engine(max_loras=2)
-    controller = _controller(engine)
-    for name in ("pirate", "robot"):
-        await controller.load(_load(name, uris[name]))
+    engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
     with controller.track("pirate"):  # pirate served last: robot is the least recently used
         pass
     await controller.load(_load("chef", uris["chef"]))
@@ -144,10 +152,7 @@ async def test_full_slots_evict_the_least_recently_used_idle_adapter(
 async def test_every_slot_pinned_or_busy_is_a_capacity_error_that_changes_nothing(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
-    engine = await start_engine(max_loras=2)
-    controller = _controller(engine)
-    for name in ("pirate", "robot"):
-        await controller.load(_load(name, uris[name]))
+    engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
     controller.pinned = {"pirate"}
     with controller.track("robot"), pytest.raises(CapacityError, match="pinned or busy"):
         await controller.load(_load("chef", uris["chef"]))

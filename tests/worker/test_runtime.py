@@ -32,10 +32,9 @@ from tests.processes import ServiceProcess, start_worker
 from tests.stuck_clients import (
     EXIT_MARGIN_S,
     closed_by_server,
-    hung,
+    exits_within_grace_despite_stuck_clients_and_hung_etcd,
     served_after,
     stop_by_signal,
-    stuck_clients,
 )
 from tests.worker.nats_late import worker_waits_for_late_nats
 from tests.worker.streaming import stream
@@ -53,6 +52,20 @@ async def _keys(etcd, namespace: str) -> list[str]:
     for root in ("v1/instances/", "v1/mdc/"):
         keys += [kv.key.decode() for kv in await etcd.get_prefix(f"{root}{namespace}/".encode())]
     return keys
+
+
+async def _streaming(
+    worker_factory, etcd, nc, namespace: str, *, max_tokens: int
+) -> tuple[ServiceProcess, asyncio.Task[list]]:
+    """A slow mocker worker (50 ms a token) and a streamed request that has its first token."""
+    worker = worker_factory("--mocker-time-per-token-s", "0.05")
+    instance = await _instance(etcd, namespace)
+    sampling = SamplingParams(max_tokens=max_tokens)
+    request = GenerateRequest(request_id="r", model="demo", sampling=sampling)
+    first_token = asyncio.Event()
+    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
+    await first_token.wait()
+    return worker, pending
 
 
 def _metric(worker: ServiceProcess, line_start: str) -> float:
@@ -148,12 +161,7 @@ async def test_cancel_stops_generation_at_the_worker(worker_factory, etcd, nc, n
 async def test_sigterm_finishes_inflight_request_then_removes_keys(
     worker_factory, etcd, nc, namespace
 ):
-    worker = worker_factory("--mocker-time-per-token-s", "0.05")
-    instance = await _instance(etcd, namespace)
-    request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=20))
-    first_token = asyncio.Event()
-    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
-    await first_token.wait()
+    worker, pending = await _streaming(worker_factory, etcd, nc, namespace, max_tokens=20)
     exit_code = await asyncio.to_thread(worker.terminate)
     chunks = await pending
     assert exit_code == 0
@@ -276,27 +284,15 @@ def test_sigterm_with_stuck_clients_and_hung_etcd_exits_within_grace(tmp_path, n
         tmp_path, etcd_url=own_etcd.url, nats_url=nats_url, namespace="stuck",
         args=("--shutdown-grace", "2"), env={"LOG_FORMAT": "json"},
     )  # fmt: skip
-    try:
-        with stuck_clients(worker.port, idle=500, slow_path="/engine/update/list_loras"):
-            served_after(worker)
-            with hung(own_etcd):
-                code, took_s = stop_by_signal(worker, grace_s=2)
-    finally:
-        worker.kill()
-    assert code == 0
-    assert took_s < 2 + EXIT_MARGIN_S
-    assert "shutting down" in [line["event"] for line in _json_lines(worker)]
+    exits_within_grace_despite_stuck_clients_and_hung_etcd(
+        worker, own_etcd, grace_s=2, slow_path="/engine/update/list_loras", stopping="shutting down"
+    )
 
 
 async def test_load_lora_while_stopping_answers_503_shutting_down(
     worker_factory, etcd, nc, namespace
 ):
-    worker = worker_factory("--mocker-time-per-token-s", "0.05")
-    instance = await _instance(etcd, namespace)
-    request = GenerateRequest(request_id="r", model="demo", sampling=SamplingParams(max_tokens=60))
-    first_token = asyncio.Event()
-    pending = asyncio.create_task(stream(nc, instance.subject, request, on_chunk=first_token.set))
-    await first_token.wait()
+    worker, pending = await _streaming(worker_factory, etcd, nc, namespace, max_tokens=60)
     worker.process.send_signal(signal.SIGTERM)
     async with asyncio.timeout(10):
         while await asyncio.to_thread(_get_status, worker, "/health") != 503:

@@ -11,6 +11,8 @@ import secrets
 import socket
 from typing import Final
 
+from discovery.pids import pid_alive
+
 __all__ = ["owner_alive", "owner_tag"]
 
 _HOST: Final = socket.gethostname().replace("@", "_")
@@ -33,10 +35,4 @@ def owner_alive(tag: str) -> bool:
     pid = int(pid_text)
     if pid == os.getpid():
         return token == _TOKEN
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)

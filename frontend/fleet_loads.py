@@ -1,0 +1,108 @@
+"""The workers' load records (``v1/load/{ns}/...``), followed by a watch cache, read by id.
+
+Every worker publishes one ``InstanceLoad`` under its lease: its free slots, its
+in-flight requests, its adapters' demand and the loads that failed there. The
+frontend reads them to send on-demand loads where there is room and to tell
+clients and operators an adapter's state; it never writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from discovery.client import EtcdClient
+from discovery.keys import load_prefix
+from discovery.watch_cache import WatchCache
+from proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
+
+__all__ = ["FleetLoads", "instance_id_of"]
+
+_T = TypeVar("_T")
+
+
+def instance_id_of(key: str) -> int | None:
+    """The instance id a load record's key ends with (``.../{id:x}``), None for another key."""
+    try:
+        return int(key.rsplit("/", 1)[-1], 16)
+    except ValueError:
+        return None
+
+
+class FleetLoads:
+    """The live load records of one namespace, by instance id (a worker without one: None).
+
+    Indexed by adapter as records change, so that a status (``/v1/models`` builds
+    one per cold adapter) costs the adapter's entries, not a scan of every record.
+    """
+
+    def __init__(self, cache: WatchCache[InstanceLoad]) -> None:
+        self.cache = cache
+        self._by_id: dict[int, InstanceLoad] = {}
+        self._loading: dict[str, dict[int, bool]] = {}
+        self._failed: dict[str, dict[int, LoadFailure]] = {}
+        self._demand: dict[str, dict[int, float]] = {}
+        for key, load in cache.items.items():
+            self._changed(key, None, load)
+        self._unsubscribe = cache.subscribe(self._changed)
+
+    @classmethod
+    async def start(cls, etcd: EtcdClient, namespace: str) -> FleetLoads:
+        """List the records now (raises ``EtcdUnavailableError``) and follow them."""
+        return cls(await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load))
+
+    async def aclose(self) -> None:
+        """Stop following etcd."""
+        self._unsubscribe()
+        await self.cache.aclose()
+
+    def records(self) -> Mapping[int, InstanceLoad]:
+        """Every live record by instance id (read-only view)."""
+        return self._by_id
+
+    def of(self, instance_id: int) -> InstanceLoad | None:
+        """The record of ``instance_id``, or None when it publishes none (yet)."""
+        return self._by_id.get(instance_id)
+
+    def demand(self, adapter: str) -> float:
+        """Requests per second for ``adapter`` across the fleet (the records' sum)."""
+        return sum(self._demand.get(adapter, {}).values())
+
+    def loading(self, adapter: str) -> list[int]:
+        """Ids of the instances loading ``adapter`` now, sorted."""
+        return sorted(self._loading.get(adapter, ()))
+
+    def failures(self, adapter: str) -> dict[int, LoadFailure]:
+        """The last failed load of ``adapter`` on each instance that lists one."""
+        return dict(self._failed.get(adapter, {}))
+
+    def _changed(self, key: str, old: InstanceLoad | None, new: InstanceLoad | None) -> None:
+        """Move the instance's entries in the indexes from ``old`` to ``new``."""
+        instance_id = instance_id_of(key)
+        if instance_id is None:
+            return
+        if old is not None:
+            self._by_id.pop(instance_id, None)
+            for name in old.loading:
+                _drop(self._loading, name, instance_id)
+            for name in old.failed:
+                _drop(self._failed, name, instance_id)
+            for name in old.demand:
+                _drop(self._demand, name, instance_id)
+        if new is not None:
+            self._by_id[instance_id] = new
+            for name in new.loading:
+                self._loading.setdefault(name, {})[instance_id] = True
+            for name, failure in new.failed.items():
+                self._failed.setdefault(name, {})[instance_id] = failure
+            for name, rate in new.demand.items():
+                self._demand.setdefault(name, {})[instance_id] = rate
+
+
+def _drop(index: dict[str, dict[int, _T]], name: str, instance_id: int) -> None:
+    """Remove ``instance_id`` from ``index[name]``, and the entry once it is empty."""
+    entries = index.get(name)
+    if entries is not None:
+        entries.pop(instance_id, None)
+        if not entries:
+            del index[name]

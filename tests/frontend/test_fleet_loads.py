@@ -1,0 +1,47 @@
+"""``FleetLoads`` over a real etcd: its per-adapter indexes, and the on-demand order it gives.
+
+The records are written by the test (what workers publish under their leases).
+"""
+
+from __future__ import annotations
+
+from discovery.keys import load_key
+from frontend.fleet_loads import FleetLoads
+from frontend.on_demand import least_loaded_first
+from proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
+
+FULL, SILENT, BUSY, IDLE = 0xA1, 0xB2, 0xC3, 0xD4
+
+
+async def _put(etcd, namespace: str, instance_id: int, load: InstanceLoad) -> None:
+    key = load_key(namespace, "backend", "generate", instance_id)
+    await etcd.put(key.encode(), encode_instance_load(load))
+
+
+async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
+    etcd, namespace
+) -> None:
+    failure = LoadFailure(code="not_found", message="no such file", at=1.0)
+    full = InstanceLoad(base_model="demo", max_loras=1, loaded=["a"], failed={"bad": failure})
+    busy = InstanceLoad(base_model="demo", max_loras=2, in_flight=5, loading=["b"],
+                        demand={"a": 1.5})  # fmt: skip
+    idle = InstanceLoad(base_model="demo", max_loras=2, in_flight=1, demand={"a": 0.5})
+    for instance_id, load in ((FULL, full), (BUSY, busy), (IDLE, idle)):
+        await _put(etcd, namespace, instance_id, load)
+    loads = await FleetLoads.start(etcd, namespace)
+    try:
+        # rendezvous order as given; SILENT publishes no record (a worker from before records)
+        everyone = [FULL, SILENT, BUSY, IDLE]
+        assert least_loaded_first(everyone, loads, "a") == [IDLE, BUSY, SILENT, FULL]
+        assert least_loaded_first([SILENT, FULL], loads, "a") == [SILENT, FULL]
+        assert least_loaded_first(everyone, loads, "b") == [BUSY, IDLE, SILENT, FULL]  # joins
+        assert loads.demand("a") == 2.0
+        assert loads.loading("b") == [BUSY]
+        assert loads.failures("bad") == {FULL: failure}
+
+        await etcd.delete(load_key(namespace, "backend", "generate", FULL).encode())
+        await loads.cache.wait_until(lambda items: len(items) == 2, 5)
+        assert loads.failures("bad") == {}
+        assert loads.of(FULL) is None and loads.of(IDLE) is not None
+    finally:
+        await loads.aclose()
