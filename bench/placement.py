@@ -24,7 +24,6 @@ from bench._cluster import BenchCluster, Service
 from bench._http import http_once
 from bench._metrics import scrape
 from bench._open_loop import run_open_loop
-from bench._placement_compute import time_placement
 from bench._placement_figures import Readings, policy_figures
 from bench._placement_plan import (
     MODEL,
@@ -36,7 +35,7 @@ from bench._placement_plan import (
     request_plan,
     worker_flags,
 )
-from bench._report import CpuMeter, add_output_flags, machine, run_benchmark, table
+from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
 
 __all__ = ["main", "run"]
 
@@ -150,11 +149,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run every policy on a fresh cluster, one after the other; return their figures."""
     results = {policy: await _run_policy(policy, args) for policy in args.policies}
     _compare(results)
-    compute = time_placement(args.compute_workers, args.compute_adapters, args.compute_rounds)
     settings = {key: value for key, value in vars(args).items() if key != "json"}
     return {"bench": "placement", "machine": machine(), "settings": settings,
-            "targets": TARGETS, "results": results,
-            "compute": compute}  # fmt: skip
+            "targets": TARGETS, "results": results}  # fmt: skip
 
 
 ROWS: Final = (
@@ -183,14 +180,7 @@ def _text(results: dict[str, Any], _args: argparse.Namespace) -> str:
     headers = ["figure", *policies, "target"]
     rows = [[label, *(_cell(f, key) for f in policies.values()), TARGETS.get(key, "")]
             for label, key in ROWS]  # fmt: skip
-    c = results["compute"]
-    compute = (
-        f"placement pass, {c['workers']} workers x {c['slots_per_worker']} slots, "
-        f"{c['adapters']} adapters at one copy: first {c['first_plan_ms']} ms; "
-        f"per change p50 {c['change_p50_ms']} ms, max {c['change_max_ms']} ms "
-        f"over {c['changes']} (target < 50 ms)"
-    )
-    return "\n".join([table(headers, rows), compute])
+    return table(headers, rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,22 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the workers' --lora-copy-rps: requests/s per copy before demand adds one",
     )
-    add("--compute-workers", type=int, default=100, help="placement timing: instances")
-    add("--compute-adapters", type=int, default=10_000, help="placement timing: adapters")
-    add(
-        "--compute-rounds",
-        type=int,
-        default=5,
-        help="placement timing: rounds of 4 changes (leave, join, copy added, dropped)",
-    )
     add("--seed", type=int, default=15, help="seed of the Zipf draw (same for every policy)")
     add_output_flags(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(build_parser(), run, _text, argv)
+main: Final = benchmark_main(build_parser, run, _text)
 
 
 if __name__ == "__main__":

@@ -101,8 +101,7 @@ PLACEMENT_PROCESSES = {"frontend", "workers", "client", "nats_server", "etcd"}
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
 def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None:
     result = _bench(tmp_path, "placement", "--workers", "2", "--slots", "2", "--adapters", "6",
-                    "--duration-s", "3", "--warmup-s", "0", "--rate", "10", "--compute-workers",
-                    "4", "--compute-adapters", "50", "--compute-rounds", "1")  # fmt: skip
+                    "--duration-s", "3", "--warmup-s", "0", "--rate", "10")  # fmt: skip
     policies = result["results"]
     assert list(policies) == ["bounded", "rendezvous", "on-demand"]
     for figures in policies.values():
@@ -114,6 +113,3 @@ def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None
     assert policies["on-demand"]["copies_declared"] == 0
     assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
     assert result["targets"].keys() <= PLACEMENT_FIGURES
-    compute = result["compute"]
-    assert compute["changes"] == 4 and compute["adapters"] == 50
-    assert compute["first_plan_ms"] is not None and compute["change_max_ms"] is not None
