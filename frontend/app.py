@@ -40,7 +40,9 @@ from frontend.controllers import (
 )
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
-from frontend.errors import openai_error, openai_type
+from frontend.errors import openai_error, openai_type, unexpected_error
+from frontend.fast_path import MAX_BODY_BYTES, GenerateFastPath
+from frontend.generate_routes import ENDPOINT_BY_PATH
 from frontend.generation import GenerationService
 from frontend.json_request import BoundedJsonRequest
 from frontend.metrics import FrontendMetrics
@@ -57,15 +59,12 @@ __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
 
-ENDPOINT_BY_PATH: Final = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 CODE_BY_STATUS: Final = {
     400: "invalid_request",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
 }
-MAX_BODY_BYTES: Final = 10_000_000
-"""Largest HTTP body read (Litestar's default); what reaches a worker must also fit NATS."""
 _MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -139,10 +138,6 @@ def _nats_lost(app: Litestar) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _error_response(status: int, error: OpenAIError) -> Response[OpenAIErrorResponse]:
-    return Response(OpenAIErrorResponse(error=error), status_code=status)
-
-
 def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) -> Response[Any]:
     status, body = openai_error(exc)
     return Response(body, status_code=status)
@@ -191,13 +186,8 @@ def _describe_field(key: str, problem: str) -> tuple[str, str | None]:
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unexpected error", path=request.url.path)
-    error = OpenAIError(
-        message=f"Internal error: {type(exc).__name__}: {exc}",
-        type="server_error",
-        code="internal_error",
-    )
-    return _error_response(500, error)
+    status, body = unexpected_error(exc, request.url.path)
+    return Response(body, status_code=status)
 
 
 def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None) -> Litestar:
@@ -238,4 +228,6 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
     app.state.config = config
     app.state.stopping = asyncio.Event()  # set on SIGTERM/SIGINT: ends a waiting start-up
     app.state.metrics = metrics or FrontendMetrics()
+    # In front of Litestar's own handler, as its CORS middleware would be (docs/frontend.md).
+    app.asgi_handler = GenerateFastPath(app.asgi_handler, app.state)
     return app

@@ -9,10 +9,10 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from frontend.controllers._generate import respond
 from frontend.controllers._responses import GENERATE_ERRORS
+from frontend.generate_routes import CHAT_ROUTE
 from frontend.services import Services
-from frontend.shapes import CHAT
-from frontend.translate import chat_to_generate
 from proto.openai import ChatCompletionRequest, ChatCompletionResponse
 
 __all__ = ["ChatCompletionsController"]
@@ -21,7 +21,7 @@ __all__ = ["ChatCompletionsController"]
 class ChatCompletionsController(Controller):
     """OpenAI's chat completions resource."""
 
-    path = "/v1/chat/completions"
+    path = CHAT_ROUTE.path
     tags = ["chat"]
 
     @post(
@@ -39,5 +39,6 @@ class ChatCompletionsController(Controller):
         services: NamedDependency[Services],
     ) -> ChatCompletionResponse | Stream:
         """Answer a chat request through a worker that serves its model."""
-        answer = await services.generation.generate(data, CHAT, chat_to_generate, request.receive)
-        return cast("ChatCompletionResponse | Stream", answer)
+        return cast(
+            "ChatCompletionResponse | Stream", await respond(CHAT_ROUTE, data, services, request)
+        )

@@ -9,10 +9,10 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
+from frontend.controllers._generate import respond
 from frontend.controllers._responses import GENERATE_ERRORS
+from frontend.generate_routes import COMPLETIONS_ROUTE
 from frontend.services import Services
-from frontend.shapes import COMPLETIONS
-from frontend.translate import completion_to_generate
 from proto.openai import CompletionRequest, CompletionResponse
 
 __all__ = ["CompletionsController"]
@@ -21,7 +21,7 @@ __all__ = ["CompletionsController"]
 class CompletionsController(Controller):
     """OpenAI's (legacy) completions resource."""
 
-    path = "/v1/completions"
+    path = COMPLETIONS_ROUTE.path
     tags = ["completions"]
 
     @post(
@@ -39,7 +39,6 @@ class CompletionsController(Controller):
         services: NamedDependency[Services],
     ) -> CompletionResponse | Stream:
         """Answer a completions request through a worker that serves its model."""
-        answer = await services.generation.generate(
-            data, COMPLETIONS, completion_to_generate, request.receive
+        return cast(
+            "CompletionResponse | Stream", await respond(COMPLETIONS_ROUTE, data, services, request)
         )
-        return cast("CompletionResponse | Stream", answer)
