@@ -4,13 +4,14 @@ At concurrency 64 Litestar's routing, dependency injection, signature model and
 response classes cost about as much CPU as the request itself (``bench/README.md``).
 ``GenerateFastPath`` sits in front of Litestar's handler and answers ``POST
 /v1/chat/completions`` and ``POST /v1/completions`` itself whenever the body decodes
-into its request type, the way Litestar decodes it (depth check, JSON, then
-``msgspec.convert`` with ``strict=False``). Every other request, and every body it
-cannot decode or that is too large, goes to Litestar with the messages already read
-replayed, so those answers (400, 413, 405, ...) are Litestar's own, word for word.
-Both paths write the same access line, request id and metrics, and the controllers
-still give the OpenAPI document (and serve the routes reached another way, such as
-with a trailing slash). Do not add behaviour here that the controllers lack.
+into its request type as Litestar would (depth check, then msgspec with
+``strict=False``; in one pass, where Litestar decodes to Python objects first). Every
+other request, and every body it cannot decode or that is too large, goes to Litestar
+with the messages already read replayed, so those answers (400, 413, 405, ...) are
+Litestar's own, word for word. Both paths write the same access line, request id and
+metrics, and the controllers still give the OpenAPI document (and serve the routes
+reached another way, such as with a trailing slash). Do not add behaviour here that the
+controllers lack.
 """
 
 from __future__ import annotations
@@ -132,8 +133,7 @@ def _decode(route: GenerateRoute[Any], body: bytes) -> Any:
     """``body`` as ``route``'s request type, as Litestar decodes it; ``None`` if it cannot."""
     try:
         check_json_depth(body)
-        decoded = msgspec.json.decode(body)
-        return msgspec.convert(decoded, route.body_type, strict=False, str_keys=True)
+        return msgspec.json.decode(body, type=route.body_type, strict=False)
     except (LorafleetError, msgspec.MsgspecError):
         return None
 
