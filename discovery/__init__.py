@@ -15,6 +15,7 @@ from discovery.client import (
     RERESOLVE_INTERVAL_S,
     EtcdClient,
     connect_etcd,
+    wait_for_etcd,
 )
 from discovery.errors import (
     EtcdRefusedError,
@@ -53,6 +54,7 @@ from discovery.lease import (
 )
 from discovery.logs import (
     configure_logging,
+    console_renderer,
 )
 from discovery.nats_connection import (
     DEFAULT_INBOX_PREFIX,
@@ -63,6 +65,7 @@ from discovery.nats_connection import (
     NatsConnection,
     NatsState,
     StateListener,
+    wait_for_nats,
 )
 from discovery.nats_settings import (
     DEFAULT_NATS_SERVER,
@@ -130,6 +133,7 @@ __all__ = [
     "configure_logging",
     "connect_etcd",
     "connect_with_retry",
+    "console_renderer",
     "instance_key",
     "instance_prefix",
     "load_key",
@@ -142,5 +146,7 @@ __all__ = [
     "parse_nats_servers",
     "python_version",
     "unless_stopped",
+    "wait_for_etcd",
+    "wait_for_nats",
     "with_header_timeout",
 ]

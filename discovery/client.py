@@ -32,6 +32,7 @@ from discovery._channel import (
 from discovery.errors import EtcdRefusedError, EtcdUnavailableError
 from discovery.keys import INSTANCES_ROOT, KEYS_ROOT
 from discovery.settings import EtcdSettings
+from discovery.startup import connect_with_retry
 
 __all__ = [
     "ETCD_OP_TIMEOUT_S",
@@ -39,6 +40,7 @@ __all__ = [
     "MAX_RECONNECT_BACKOFF_MS",
     "RERESOLVE_INTERVAL_S",
     "connect_etcd",
+    "wait_for_etcd",
 ]
 
 log = structlog.get_logger(__name__)
@@ -229,6 +231,15 @@ async def connect_etcd(
         await client.close()
         raise
     return client
+
+
+async def wait_for_etcd(settings: EtcdSettings, *, timeout_s: float) -> EtcdClient:
+    """``connect_etcd`` retried for up to ``timeout_s`` at start-up (``connect_with_retry``)."""
+    return await connect_with_retry(
+        lambda: connect_etcd(settings),
+        service="etcd", url=settings.describe(), timeout_s=timeout_s,
+        check="ETCD_ENDPOINTS (--etcd-endpoints)",
+    )  # fmt: skip
 
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:

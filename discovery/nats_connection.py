@@ -24,6 +24,7 @@ from nats.aio.client import Client as NatsClient
 
 from discovery.errors import NatsAuthError, NatsConnectError
 from discovery.nats_settings import NatsSettings
+from discovery.startup import connect_with_retry
 from proto.backoff import backoff_s
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "NatsState",
     "StateListener",
     "WORKER_INBOX_PREFIX",
+    "wait_for_nats",
 ]
 
 log = structlog.get_logger(__name__)
@@ -274,3 +276,22 @@ def _is_auth_error(exc: BaseException) -> bool:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
+
+
+async def wait_for_nats(
+    settings: NatsSettings,
+    *,
+    timeout_s: float,
+    name: str,
+    on_lost: LostCallback | None = None,
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX,
+) -> NatsConnection:
+    """``NatsConnection.connect`` retried for up to ``timeout_s`` at start-up
+    (``connect_with_retry``)."""
+    return await connect_with_retry(
+        lambda: NatsConnection.connect(
+            settings, name=name, on_lost=on_lost, inbox_prefix=inbox_prefix
+        ),
+        service="NATS", url=settings.servers_text, timeout_s=timeout_s,
+        check="NATS_SERVER (--nats-server)",
+    )  # fmt: skip

@@ -24,20 +24,13 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
-from discovery.client import connect_etcd
-from discovery.nats_connection import NatsConnection
+from discovery.client import wait_for_etcd
+from discovery.nats_connection import wait_for_nats
 from discovery.nats_settings import NatsSettings
-from discovery.startup import connect_with_retry, unless_stopped
+from discovery.startup import unless_stopped
 from frontend.access_log import AccessLogMiddleware
 from frontend.config import FrontendConfig
-from frontend.controllers import (
-    AdaptersController,
-    ChatCompletionsController,
-    CompletionsController,
-    ModelsController,
-    SystemController,
-    VllmLoraController,
-)
+from frontend.controllers import CONTROLLERS
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
 from frontend.errors import openai_error, openai_type, unexpected_error
@@ -94,21 +87,14 @@ async def _start_services(
     """Connect NATS and etcd, start the registry and the request plane (then True); undo
     everything via ``stack``."""
     settings = NatsSettings.from_env(config.nats_server)
-    nats = await connect_with_retry(
-        lambda: NatsConnection.connect(
-            settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
-        ),
-        service="NATS", url=settings.servers_text, timeout_s=config.connect_timeout_s,
-        check="NATS_SERVER (--nats-server)",
+    nats = await wait_for_nats(
+        settings, timeout_s=config.connect_timeout_s, name=f"frontend-{os.getpid()}",
+        on_lost=lambda: _nats_lost(app),
     )  # fmt: skip
     stack.push_async_callback(nats.aclose)
     plane = await RequestPlane.start(nats)
     stack.push_async_callback(plane.aclose)
-    etcd = await connect_with_retry(
-        lambda: connect_etcd(config.etcd),
-        service="etcd", url=config.etcd.describe(), timeout_s=config.connect_timeout_s,
-        check="ETCD_ENDPOINTS (--etcd-endpoints)",
-    )  # fmt: skip
+    etcd = await wait_for_etcd(config.etcd, timeout_s=config.connect_timeout_s)
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)
@@ -193,14 +179,7 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None) -> Litestar:
     """The frontend app; nothing connects until its lifespan starts."""
     app = Litestar(
-        route_handlers=[
-            AdaptersController,
-            ChatCompletionsController,
-            CompletionsController,
-            ModelsController,
-            SystemController,
-            VllmLoraController,
-        ],
+        route_handlers=list(CONTROLLERS),
         lifespan=[_lifespan],
         middleware=[AccessLogMiddleware],
         request_class=BoundedJsonRequest,

@@ -20,12 +20,12 @@ from typing import Final
 
 import structlog
 
-from discovery.client import EtcdClient, connect_etcd
+from discovery.client import EtcdClient, wait_for_etcd
 from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
-from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
+from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection, wait_for_nats
 from discovery.nats_settings import NatsSettings
-from discovery.startup import connect_with_retry, unless_stopped
+from discovery.startup import unless_stopped
 from proto.discovery import Instance, encode_record
 from worker.adapter_engine import AdapterEngine
 from worker.config import WorkerConfig
@@ -121,20 +121,12 @@ class WorkerRuntime:
         """NATS, then etcd, each waited for up to the connect timeout."""
         cfg = self.config
         settings = NatsSettings.from_env(cfg.nats_server)
-        nats = await connect_with_retry(
-            lambda: NatsConnection.connect(
-                settings, name=f"worker-{os.getpid()}", on_lost=self._nats_lost,
-                inbox_prefix=WORKER_INBOX_PREFIX,
-            ),
-            service="NATS", url=settings.servers_text, timeout_s=cfg.connect_timeout_s,
-            check="NATS_SERVER (--nats-server)",
+        nats = await wait_for_nats(
+            settings, timeout_s=cfg.connect_timeout_s, name=f"worker-{os.getpid()}",
+            on_lost=self._nats_lost, inbox_prefix=WORKER_INBOX_PREFIX,
         )  # fmt: skip
         stack.push_async_callback(nats.aclose)
-        etcd = await connect_with_retry(
-            lambda: connect_etcd(cfg.etcd),
-            service="etcd", url=cfg.etcd.describe(), timeout_s=cfg.connect_timeout_s,
-            check="ETCD_ENDPOINTS (--etcd-endpoints)",
-        )  # fmt: skip
+        etcd = await wait_for_etcd(cfg.etcd, timeout_s=cfg.connect_timeout_s)
         stack.push_async_callback(etcd.close)
         return nats, etcd
 
