@@ -112,10 +112,9 @@ class GenerationService:
         receive: Receive,
     ) -> msgspec.Struct:
         """The whole answer, cancelled at the worker if the client hangs up first."""
-        gone = ClientGoneError(answer.model, answer.id)
         try:
             work = self._dispatch(self.dispatcher.complete, served, request)
-            completion = await _unless_client_gone(work, receive, gone)
+            completion = await _unless_client_gone(work, receive, answer)
         except LorafleetError as exc:
             exchange.failed(exc)
             raise
@@ -164,10 +163,11 @@ async def _until_disconnected(receive: Receive) -> None:
 
 
 async def _unless_client_gone(
-    work: Awaitable[_Answer], receive: Receive, gone: ClientGoneError
+    work: Awaitable[_Answer], receive: Receive, answer: Answer
 ) -> _Answer:
-    """Await ``work``; cancel it (and so its request at the worker) and raise ``gone`` if the
-    client hangs up first. Without this a dropped client's answer is generated to the end."""
+    """Await ``work``; cancel it (and so its request at the worker) and raise
+    ``ClientGoneError`` if the client hangs up first. Without this a dropped client's
+    answer is generated to the end."""
     handler = asyncio.current_task()
     assert handler is not None  # called from a request handler's task
     hung_up = False
@@ -185,6 +185,6 @@ async def _unless_client_gone(
         if not hung_up:
             raise
         handler.uncancel()
-        raise gone from None
+        raise ClientGoneError(answer.model, answer.id) from None
     finally:
         watcher.cancel()
