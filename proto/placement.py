@@ -57,6 +57,15 @@ def _weight(adapter: str, instance_id: int) -> int:
     return _mix(_key(adapter) ^ _key(f"{instance_id:x}"))
 
 
+def _rank(weight: int, instance_id: int) -> int:
+    """One int that sorts ascending as (weight, id) descending: cheaper to compare than a tuple."""
+    return ((_MASK_64 - weight) << 64) | (_MASK_64 - instance_id)
+
+
+def _ranked_id(rank: int) -> int:
+    return _MASK_64 - (rank & _MASK_64)
+
+
 def rendezvous_order(adapter: str, instance_ids: Iterable[int]) -> list[int]:
     """Instances ranked for ``adapter``, best first (ties broken by id)."""
     return sorted(set(instance_ids), key=lambda iid: (_weight(adapter, iid), iid), reverse=True)
@@ -102,8 +111,8 @@ class RendezvousCache:
     def __init__(self) -> None:
         self._instances: dict[int, int] = {}
         """Instance -> its key (``_key`` of its hex id)."""
-        self._ranked: dict[str, tuple[int, list[tuple[int, int]]]] = {}
-        """Adapter -> (its key, (-weight, -instance) ascending, i.e. best first)."""
+        self._ranked: dict[str, tuple[int, list[int]]] = {}
+        """Adapter -> (its key, ``_rank``s ascending, i.e. best first)."""
 
     def set_instances(self, instance_ids: Iterable[int]) -> None:
         """Follow a new instance set: insert the new instances, remove the gone ones."""
@@ -117,9 +126,9 @@ class RendezvousCache:
         self._instances |= added
         for adapter_key, ranked in self._ranked.values():
             for iid, key in removed.items():
-                del ranked[bisect.bisect_left(ranked, (-_mix(adapter_key ^ key), -iid))]
+                del ranked[bisect.bisect_left(ranked, _rank(_mix(adapter_key ^ key), iid))]
             for iid, key in added.items():
-                bisect.insort(ranked, (-_mix(adapter_key ^ key), -iid))
+                bisect.insort(ranked, _rank(_mix(adapter_key ^ key), iid))
 
     def retain(self, adapters: Collection[str]) -> None:
         """Forget the orders of adapters not in ``adapters`` (deleted from the desired state)."""
@@ -128,14 +137,14 @@ class RendezvousCache:
 
     def order(self, adapter: str) -> list[int]:
         """The instances ranked for ``adapter``, best first."""
-        return [-entry[1] for entry in self._ranked_entries(adapter)]
+        return [_ranked_id(rank) for rank in self._ranked_entries(adapter)]
 
-    def _ranked_entries(self, adapter: str) -> list[tuple[int, int]]:
+    def _ranked_entries(self, adapter: str) -> list[int]:
         cached = self._ranked.get(adapter)
         if cached is None:
             adapter_key = _key(adapter)
             ranked = sorted(
-                (-_mix(adapter_key ^ key), -iid) for iid, key in self._instances.items()
+                _rank(_mix(adapter_key ^ key), iid) for iid, key in self._instances.items()
             )
             cached = self._ranked[adapter] = (adapter_key, ranked)
         return cached[1]
@@ -221,7 +230,7 @@ def _keep_held(
         if not candidates:
             continue
         if len(candidates) > 1 and not _all_fit(candidates, wanted[name], room):
-            candidates = [-e[1] for e in cache._ranked_entries(name) if -e[1] in candidates]
+            candidates = [iid for iid in cache.order(name) if iid in candidates]
         for iid in candidates:
             if room[iid] > 0 and len(where) < wanted[name]:
                 where.append(iid)
@@ -237,8 +246,8 @@ def _fill(
     name: str, where: list[int], count: int, room: dict[int, int], cache: RendezvousCache
 ) -> None:
     """Walk ``name``'s rendezvous order, skipping instances full or at their bound."""
-    for _, neg_iid in cache._ranked_entries(name):
-        iid = -neg_iid
+    for rank in cache._ranked_entries(name):
+        iid = _ranked_id(rank)
         if room[iid] > 0 and iid not in where:
             where.append(iid)
             room[iid] -= 1

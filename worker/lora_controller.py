@@ -301,8 +301,8 @@ class LoraController:
             victim = self._eviction_candidate()
             if victim is None:
                 raise CapacityError(
-                    f"cannot load adapter {name!r}: every adapter slot is pinned, busy or the last "
-                    f"warm copy of an adapter in use; all "
+                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy (or the "
+                    f"last warm copy of an adapter in use); all "
                     f"{self._max_loras} adapter slots are taken by "
                     f"{sorted([*self.loaded, *self._adding])}; unload one first",
                     lora_name=name,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from proto.adapters import AdapterSpec
-from proto.placement import LOAD_BOUND_EPS, rendezvous_order
+from proto.placement import LOAD_BOUND_EPS, chosen_instances, rendezvous_order
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (
     assert_invariant_everywhere,
@@ -118,3 +118,20 @@ async def test_a_full_instance_gets_no_new_placement_while_another_has_room(
     assert all(where[name] == {roomy_id} for name in names)
     assert where["hand0"] == where["hand1"] == {full_id}
     await assert_invariant_everywhere([full, roomy], etcd, namespace)
+
+
+async def test_the_rendezvous_policy_places_by_hash_alone(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    """``--placement-policy rendezvous``: the old placement, kept for ``bench.placement``."""
+    workers = [await asyncio.to_thread(fleet_worker, "--placement-policy", "rendezvous")
+               for _ in range(2)]  # fmt: skip
+    for name in NAMES:
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=1)
+
+    def by_hash(where, bases) -> bool:
+        expected = {name: set(chosen_instances(name, 1, bases)) for name in NAMES}
+        return len(bases) == 2 and where == expected
+
+    await wait_for_holders(etcd, namespace, by_hash, timeout_s=20)
+    await assert_invariant_everywhere(workers, etcd, namespace)

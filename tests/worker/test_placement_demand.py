@@ -96,7 +96,7 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     me = await instance_id(worker)
     for name in ("busy", "quiet", "third", "fourth"):  # on demand only: nothing is placed
         await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
-    for _ in range(10):
+    for _ in range(30):  # about 0.7 req/s: in use for a minute at a 30 s half-life
         await _ask(client, "busy")
     await _ask(client, "quiet")  # used last: plain LRU would evict "busy"
     await _wait_for_demand(etcd, namespace, me, "busy")
@@ -106,7 +106,7 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     assert set(where) == {"busy", "third"}
     await assert_invariant_everywhere([worker], etcd, namespace)
 
-    for _ in range(10):
+    for _ in range(30):  # about 0.7 req/s: in use for a minute at a 30 s half-life
         await _ask(client, "third")
     await _wait_for_demand(etcd, namespace, me, "third")
     with pytest.raises(openai.APIStatusError) as refused:  # both are the last warm copy in use

@@ -1,0 +1,110 @@
+"""How long one placement pass takes per change, for a large fleet (issue 15: under 50 ms).
+
+Times ``proto.placement.plan_copies`` as every worker runs it on each change: the
+same ``RendezvousCache`` across passes, the current copies as ``held``. Default
+shape: 100 instances of 200 slots, 10,000 adapters of 1 to 3 copies. No servers:
+pure CPU in this process; wall and CPU time are both reported (the CPU time
+does not count other processes on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench._report import add_output_flags, emit, machine, percentile, table
+from proto.placement import RendezvousCache, plan_copies
+
+Plan = dict[str, list[int]]
+
+
+def _held(plan: Plan) -> dict[int, set[str]]:
+    held: dict[int, set[str]] = {}
+    for name, where in plan.items():
+        for iid in where:
+            held.setdefault(iid, set()).add(name)
+    return held
+
+
+def _time(
+    call: Callable[[], object], rounds: int, reset: Callable[[], object]
+) -> tuple[float, float]:
+    """Median wall and CPU milliseconds of ``rounds`` calls, each after an untimed ``reset``
+    (so that every timed pass meets the change, not a cache that already saw it)."""
+    walls, cpus = [], []
+    for _ in range(rounds):
+        reset()
+        wall, cpu = time.perf_counter(), time.process_time()
+        call()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return (percentile(walls, 0.5) or 0) * 1000, (percentile(cpus, 0.5) or 0) * 1000
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the first pass, then each kind of change on the settled plan."""
+    rng = random.Random(args.seed)
+    slots = {rng.getrandbits(63): args.slots for _ in range(args.instances)}
+    copies = {f"adapter-{i}": rng.choice([1, 1, 1, 2, 3]) for i in range(args.adapters)}
+    cache = RendezvousCache()
+    started = time.perf_counter()
+    held = _held(plan_copies(copies, slots, cache=cache))
+    first_ms = (time.perf_counter() - started) * 1000
+    newcomer, leaver = rng.getrandbits(63), next(iter(slots))
+    hot = {name: n + 1 for name, n in list(copies.items())[:100]}
+    settled = lambda: plan_copies(copies, slots, held=held, cache=cache)  # noqa: E731
+    changes: dict[str, Callable[[], object]] = {
+        "nothing changed": settled,
+        "an instance joins": lambda: plan_copies(
+            copies, {**slots, newcomer: args.slots}, held=held, cache=cache
+        ),
+        "an instance leaves": lambda: plan_copies(
+            copies, {k: v for k, v in slots.items() if k != leaver}, held=held, cache=cache
+        ),
+        "100 adapters get a copy more": lambda: plan_copies(
+            {**copies, **hot}, slots, held=held, cache=cache
+        ),
+    }
+    rows = [{"change": "first pass (every weight)", "ms": round(first_ms, 1), "cpu_ms": None}]
+    for name, call in changes.items():
+        wall_ms, cpu_ms = _time(call, args.rounds, reset=settled)
+        rows.append({"change": name, "ms": round(wall_ms, 1), "cpu_ms": round(cpu_ms, 1)})
+    return {"bench": "plan_copies", "machine": machine(), "settings": vars(args), "results": rows}
+
+
+def _text(results: dict[str, Any]) -> str:
+    settings = results["settings"]
+    rows = [[r["change"], r["ms"], r["cpu_ms"]] for r in results["results"]]
+    return (
+        f"{settings['instances']} instances x {settings['slots']} slots, "
+        f"{settings['adapters']} adapters; medians of {settings['rounds']} passes\n"
+        + table(["change", "ms", "cpu ms"], rows)
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's flags."""
+    parser = argparse.ArgumentParser(prog="python -m bench.plan_copies", description=__doc__)
+    parser.add_argument("--instances", type=int, default=100)
+    parser.add_argument("--slots", type=int, default=200, help="adapter slots per instance")
+    parser.add_argument("--adapters", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=9, help="timed passes per change")
+    parser.add_argument("--seed", type=int, default=15)
+    add_output_flags(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure and print."""
+    args = build_parser().parse_args(argv)
+    results = run(args)
+    emit(results, _text(results), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
