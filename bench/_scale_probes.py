@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from bench._cluster import Service
 from bench._fleet import SimulatedFleet, SimulatedInstance
 from bench._http import HttpConnection, build_request
 from bench._report import ms, percentile
@@ -86,14 +87,20 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-async def wait_listing(port: int, entries: int, since: float, timeout_s: float) -> float:
-    """Seconds from ``since`` until ``/v1/models`` lists ``entries`` entries."""
+async def wait_listing(service: Service, entries: int, since: float, timeout_s: float) -> float:
+    """Seconds from ``since`` until the frontend's ``/v1/models`` lists ``entries`` entries.
+
+    Raises with the end of the frontend's log if it exits or times out first.
+    """
+    port = service.port
     raw = build_request("GET", "127.0.0.1", port, "/v1/models")
     deadline = since + timeout_s
     while time.perf_counter() < deadline:
         try:
             connection = await HttpConnection.open("127.0.0.1", port)
         except OSError:
+            if service.process.poll() is not None:
+                raise RuntimeError(f"the frontend exited: {_first_error(service)}") from None
             await asyncio.sleep(READY_POLL_S)  # not listening yet: poll, it has no event to wait on
             continue
         try:
@@ -104,7 +111,16 @@ async def wait_listing(port: int, entries: int, since: float, timeout_s: float) 
                 await asyncio.sleep(READY_POLL_S)
         finally:
             await connection.close()
-    raise TimeoutError(f"/v1/models did not list {entries} entries within {timeout_s} s")
+    raise TimeoutError(
+        f"/v1/models did not list {entries} entries within {timeout_s} s: {_first_error(service)}"
+    )
+
+
+def _first_error(service: Service) -> str:
+    """The frontend's first warning or error line (its log: the cause), or that there was none."""
+    lines = [line for line in service.log_tail(200).splitlines()
+             if "[error" in line or "[warning" in line]  # fmt: skip
+    return lines[0].strip() if lines else "no error in its log"
 
 
 async def routing_decisions(

@@ -1,4 +1,4 @@
-"""``python -m bench.scale``: one frontend in front of many instances and adapter cards, under churn.
+"""``python -m bench.scale``: one frontend before many instances and adapter cards, under churn.
 
 Real etcd, NATS and one frontend process; the instances are simulated in
 this process (``bench._fleet``: each its own lease, NATS subscription and
@@ -16,7 +16,6 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import structlog
@@ -24,7 +23,7 @@ import structlog
 from bench._adapters import FrontendModels, models_latency
 from bench._cluster import BenchCluster, Service
 from bench._fleet import SimulatedFleet
-from bench._report import add_output_flags, machine, ms, run_benchmark, table
+from bench._report import add_output_flags, machine, run_benchmark, table
 from bench._scale_probes import (
     Cards,
     churn,
@@ -40,7 +39,7 @@ from launch.processes import stop_services
 __all__ = ["build_parser", "main", "run"]
 
 MODEL: Final = "demo"
-READY_TIMEOUT_S: Final = 300.0
+READY_TIMEOUT_S: Final = 120.0
 KNEE_FACTOR: Final = 10.0
 """A figure this many times its value at the default shape marks the knee."""
 TIMED: Final = ("ready_s", "route_p99_us", "models_p50_ms", "lag_p99_ms", "placement_ms")
@@ -53,16 +52,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the default shape, then (``--knee``) doubled shapes until the knee."""
     # the simulated instances would log every load and unload of every card
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    shapes = [_shape(args, 1)]
-    first = await _measure(args, *shapes[0])
+    first = await _measure_or_break(args, 1)
     rows, knee = [first], None
     factor = 2
-    while args.knee and knee is None and factor <= args.knee_max_factor:
-        try:
-            row = await _measure(args, *_shape(args, factor))
-        except Exception as exc:  # what breaks is the finding: report it, stop doubling
-            row = {"instances": args.instances * factor, "cards": args.cards * factor,
-                   "broke": f"{type(exc).__name__}: {exc}"}  # fmt: skip
+    while args.knee and knee is None and "broke" not in first and factor <= args.knee_max_factor:
+        row = await _measure_or_break(args, factor)
         rows.append(row)
         knee = _knee(first, row, args.churn_per_s)
         factor *= 2
@@ -77,8 +71,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _shape(args: argparse.Namespace, factor: int) -> tuple[int, int]:
-    return args.instances * factor, args.cards * factor
+async def _measure_or_break(args: argparse.Namespace, factor: int) -> dict[str, Any]:
+    """The figures at ``factor`` times the default shape, or what broke there."""
+    instances, cards = args.instances * factor, args.cards * factor
+    try:
+        return await _measure(args, instances, cards)
+    except Exception as exc:  # what breaks is the finding: report it, stop doubling
+        return {"instances": instances, "cards": cards, "broke": f"{type(exc).__name__}: {exc}"}
 
 
 def _knee(first: dict[str, Any], row: dict[str, Any], churn_per_s: float) -> str | None:
@@ -159,7 +158,7 @@ async def _fresh_frontend(cluster: BenchCluster, entries: int) -> tuple[Service,
     """Start a frontend; seconds from spawning it until ``/v1/models`` lists ``entries``."""
     started = time.perf_counter()
     service = cluster.frontend(wait=False)
-    return service, await wait_listing(service.port, entries, started, READY_TIMEOUT_S)
+    return service, await wait_listing(service, entries, started, READY_TIMEOUT_S)
 
 
 def _stop(cluster: BenchCluster, service: Service) -> None:
