@@ -36,6 +36,8 @@ class ModelResolver:
         self.registry = registry
         self.desired = desired
         self.loader = loader
+        self._cold: tuple[tuple[int, int], list[ColdAdapter]] = ((-1, -1), [])
+        """``cold()``'s answer and the (registry version, desired changes) it was built at."""
 
     async def resolve(self, name: str) -> ServedModel:
         """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise."""
@@ -63,7 +65,17 @@ class ModelResolver:
         return self.desired.get(served.name)
 
     def cold(self) -> list[ColdAdapter]:
-        """Desired adapters loaded nowhere whose base model a live instance serves, by name."""
+        """Desired adapters loaded nowhere whose base model a live instance serves, by name.
+
+        Kept until the registry or the desired state changes: ``/v1/models`` and
+        every unknown name ask for it, and it scans every desired adapter.
+        """
+        key = (self.registry.version(), self.desired.cache.changes)
+        if self._cold[0] != key:
+            self._cold = (key, self._find_cold())
+        return list(self._cold[1])
+
+    def _find_cold(self) -> list[ColdAdapter]:
         found = []
         for spec in self.desired.specs():
             base = self.registry.get(spec.base_model)
@@ -73,4 +85,7 @@ class ModelResolver:
 
     def names(self) -> list[str]:
         """Every name a request may use: served ones and cold adapters, sorted."""
-        return sorted({*self.registry.names(), *(cold.spec.name for cold in self.cold())})
+        cold = self.cold()
+        if not cold:
+            return self.registry.names()  # sorted already
+        return sorted({*self.registry.names(), *(adapter.spec.name for adapter in cold)})
