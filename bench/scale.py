@@ -6,7 +6,8 @@ cards, through the worker's endpoint and LoRA controller over the mocker).
 It times the frontend's start-up to a complete registry, its RSS per card,
 routing decisions, ``/v1/models``, watch lag under churn, etcd's revision rate
 and size, and one worker's placement recomputation. ``--knee`` doubles
-instances and cards until something breaks or a figure is 10x its default.
+instances and cards until something breaks, noting the first shape where a
+figure is 10x its value at the default shape.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # the simulated instances would log every load and unload of every card
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     first = await _measure_or_break(args, 1)
-    rows, knee = [first], None
+    rows, knee, broke = [first], None, _broken(first, args.churn_per_s)
     factor = 2
-    while args.knee and knee is None and "broke" not in first and factor <= args.knee_max_factor:
+    while args.knee and not broke and factor <= args.knee_max_factor:
         row = await _measure_or_break(args, factor)
         rows.append(row)
-        knee = _knee(first, row, args.churn_per_s)
+        knee = knee or _slower(first, row)
+        broke = _broken(row, args.churn_per_s)
         factor *= 2
     return {
         "bench": "scale",
@@ -69,6 +71,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "knee", "knee_max_factor", "lease_ttl_s")},
         "results": rows,
         "knee": knee,
+        "broke": broke or None,
     }  # fmt: skip
 
 
@@ -81,18 +84,28 @@ async def _measure_or_break(args: argparse.Namespace, factor: int) -> dict[str, 
         return {"instances": instances, "cards": cards, "broke": f"{type(exc).__name__}: {exc}"}
 
 
-def _knee(first: dict[str, Any], row: dict[str, Any], churn_per_s: float) -> str | None:
-    """Why ``row`` is past the knee (broken, fell behind, or a figure 10x), or None."""
+def _broken(row: dict[str, Any], churn_per_s: float) -> str | None:
+    """What broke at ``row``'s shape (an error, unroutable changes, churn behind), or None."""
+    shape = f"{row['instances']} instances, {row['cards']} cards"
     if "broke" in row:
-        return f"broke at {row['instances']} instances, {row['cards']} cards: {row['broke']}"
+        return f"{shape}: {row['broke']}"
+    if row["unroutable"]:
+        return f"{shape}: {row['unroutable']} of {row['changes']} changes not routable in 10 s"
     if row["changes_per_s"] < CHURN_KEPT_FRACTION * churn_per_s:
-        return f"churn fell behind: {row['changes_per_s']} of {churn_per_s} changes/s"
+        return f"{shape}: churn fell behind, {row['changes_per_s']} of {churn_per_s} changes/s"
+    return None
+
+
+def _slower(first: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """The figures of ``row`` at least 10x their value at the default shape, or None."""
     worse = [
         f"{key} {row[key]} vs {first[key]}"
         for key in TIMED
         if first.get(key) and row.get(key) and row[key] >= KNEE_FACTOR * first[key]
     ]
-    return "10x slower: " + "; ".join(worse) if worse else None
+    if not worse:
+        return None
+    return f"{row['instances']} instances, {row['cards']} cards: 10x slower: " + "; ".join(worse)
 
 
 async def _measure(args: argparse.Namespace, instances: int, cards: int) -> dict[str, Any]:
@@ -176,12 +189,13 @@ def _text(results: dict[str, Any], _: argparse.Namespace) -> str:
     headers = [
         "instances", "cards", "ready s", "registry ms", "RSS/card KiB", "route p50 µs",
         "route p99 µs", "/v1/models p50 ms", "p99 ms", "bytes", "lag p50 ms", "lag p99 ms",
-        "changes/s", "revisions/s", "etcd MiB", "placement ms",
+        "changes/s", "unroutable", "revisions/s", "etcd MiB", "placement ms",
     ]  # fmt: skip
     keys = [
         "instances", "cards", "ready_s", "registry_build_ms", "rss_per_card_kib", "route_p50_us",
         "route_p99_us", "models_p50_ms", "models_p99_ms", "models_bytes", "lag_p50_ms",
-        "lag_p99_ms", "changes_per_s", "revisions_per_s", "etcd_db_mib", "placement_ms",
+        "lag_p99_ms", "changes_per_s", "unroutable", "revisions_per_s", "etcd_db_mib",
+        "placement_ms",
     ]  # fmt: skip
     rows = [[row.get(key) for key in keys] for row in results["results"]]
     text = table(headers, rows)
@@ -190,7 +204,8 @@ def _text(results: dict[str, Any], _: argparse.Namespace) -> str:
     if broken:
         text += "\nbroke: " + "\n".join(broken)
     if results["settings"]["knee"]:
-        text += f"\nknee: {results['knee'] or 'not reached'}"
+        text += f"\nfirst 10x slower: {results['knee'] or 'none'}"
+        text += f"\nstopped: {results['broke'] or 'nothing broke'}"
     return text
 
 
@@ -207,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=200, help="timed GET /v1/models")
     parser.add_argument("--route-samples", type=int, default=20_000,
                         help="timed routing decisions")  # fmt: skip
-    parser.add_argument("--lease-ttl-s", type=int, default=10, help="lease TTL of each instance")
+    parser.add_argument("--lease-ttl-s", type=int, default=30,
+                        help="lease TTL of each instance (all keep-alives share this process's "
+                        "loop, busy with the churn)")  # fmt: skip
     parser.add_argument("--knee", action="store_true",
                         help="double instances and cards until something breaks or a figure "
                         "is 10x its value at the default shape")  # fmt: skip
