@@ -96,8 +96,8 @@ def test_scale_reports_every_figure_for_a_tiny_fleet_under_churn(tmp_path: Path)
     assert (row["instances"], row["cards"]) == (3, 12)
     assert row["models_entries"] == 13  # the base model and twelve adapters
     assert row["changes"] == 5 and row["unroutable"] == 0 and row["lag_p50_ms"] is not None
-    for figure in ("ready_s", "registry_build_ms", "rss_per_card_kib", "route_p50_us",
-                   "route_p99_us", "models_p50_ms", "models_p99_ms", "models_bytes",
+    for figure in ("ready_s", "ready_base_s", "registry_build_ms", "rss_per_card_kib",
+                   "route_p50_us", "route_p99_us", "models_p50_ms", "models_p99_ms", "models_bytes",
                    "lag_p99_ms", "revisions_per_s", "etcd_db_mib", "placement_ms"):  # fmt: skip
         assert row[figure] is not None, figure
     assert result["knee"] is None and result["broke"] is None
