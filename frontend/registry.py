@@ -193,6 +193,15 @@ class ModelRegistry:
         self._current()
         return list(self._order)
 
+    def first_names(self, count: int) -> list[str]:
+        """The first ``count`` served names, sorted (without copying every name)."""
+        self._current()
+        return self._order[:count]
+
+    def count(self) -> int:
+        """How many names are served."""
+        return len(self._current())
+
     def known(self, name: str) -> bool:
         """Whether any card in etcd names ``name``, live instance or not."""
         return name in self._cards

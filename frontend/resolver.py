@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frontend.desired_state import DesiredState
-from frontend.errors import ModelNotFoundError, NoLiveInstanceError, WorkerError
+from frontend.errors import (
+    MAX_NAMES_IN_MESSAGE,
+    ModelNotFoundError,
+    NoLiveInstanceError,
+    WorkerError,
+)
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry, ServedModel
 from proto.adapters import AdapterSpec
@@ -49,7 +54,17 @@ class ModelResolver:
             return await self.loader.load(spec)
         if self.registry.known(name):
             raise NoLiveInstanceError(name)
-        raise ModelNotFoundError(name, self.names())
+        raise self.not_found(name)
+
+    def not_found(self, name: str) -> ModelNotFoundError:
+        """The 404 for ``name``, naming the first names that exist and how many there are.
+
+        It copies no more than ``MAX_NAMES_IN_MESSAGE`` names: a request for an unknown
+        name costs the same with 10 or 100,000 cards.
+        """
+        cold = sorted(adapter.spec.name for adapter in self.cold())  # not served: disjoint
+        first = self.registry.first_names(MAX_NAMES_IN_MESSAGE) + cold[:MAX_NAMES_IN_MESSAGE]
+        return ModelNotFoundError(name, first, total=self.registry.count() + len(cold))
 
     def gone_cold(self, served: ServedModel, exc: LorafleetError) -> AdapterSpec | None:
         """The spec to load again when ``exc`` says a desired adapter left its instances.

@@ -17,7 +17,6 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from frontend.controllers._responses import MODEL_ERRORS
-from frontend.errors import ModelNotFoundError
 from frontend.registry import ServedModel
 from frontend.resolver import ColdAdapter
 from frontend.services import Services
@@ -96,4 +95,4 @@ class ModelsController(Controller):
         for cold in services.resolver.cold():
             if cold.spec.name == name:
                 return cold_model_object(cold)
-        raise ModelNotFoundError(name, services.resolver.names())
+        raise services.resolver.not_found(name)

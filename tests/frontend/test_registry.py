@@ -107,6 +107,8 @@ async def test_registry_kept_change_by_change_equals_a_full_rebuild(etcd, namesp
             assert registry.version() != version  # the marker card changed at least
             assert registry.models() == list(expected.values())
             assert registry.names() == list(expected)
+            assert registry.first_names(2) == list(expected)[:2]
+            assert registry.count() == len(expected)
             assert registry.each(lambda served: served.name) == list(expected)
             assert registry.joined(_name_bytes) == b",".join(name.encode() for name in expected)
             assert registry.known("robot") == any(
