@@ -18,8 +18,9 @@ from bench._fleet import SimulatedFleet, SimulatedInstance
 from bench._http import HttpConnection, build_request
 from bench._report import ms, percentile
 from discovery.client import EtcdClient
+from frontend.config import FrontendConfig
 from frontend.registry import ModelRegistry
-from frontend.router import LeastInflightRouter
+from frontend.router import make_router
 from proto.placement import chosen_instances
 
 __all__ = [
@@ -39,6 +40,7 @@ LAG_TIMEOUT_S: Final = 10.0
 """A change not routable after this long is counted as ``unroutable`` (and not as a lag)."""
 REVISION_PROBE_KEY: Final = b"\x00bench-scale-revision"
 """A key nobody writes: reading it returns etcd's current revision."""
+DEFAULT_ROUTER: Final = FrontendConfig().router
 PLACEMENT_SAMPLE: Final = 2000
 """Adapters timed per placement run; the per-change time is scaled to all of them."""
 
@@ -127,12 +129,12 @@ def _first_error(service: Service) -> str:
 def routing_decisions(registry: ModelRegistry, model: str, samples: int) -> dict[str, Any]:
     """µs per routing decision (registry lookup + router pick) on a registry built from etcd.
 
-    The frontend's own ``ModelRegistry`` over real watch caches, and its
-    least-inflight pick as the dispatcher makes it for adapters (base models too
-    here: that pick scans every instance serving the base model).
+    The frontend's own ``ModelRegistry`` over real watch caches, and the picks the
+    dispatcher makes: the default router's for the base model (a tenth of the
+    picks), the least-inflight pick among its instances for an adapter.
     """
     names = registry.names()
-    router = LeastInflightRouter()
+    router = make_router(DEFAULT_ROUTER)
     rng = random.Random(0)
     picks = [model if i % 10 == 0 else rng.choice(names) for i in range(samples)]
     durations = []
@@ -140,7 +142,8 @@ def routing_decisions(registry: ModelRegistry, model: str, samples: int) -> dict
         begun = time.perf_counter()
         served = registry.get(name)
         assert served is not None
-        router.pick_least_inflight(served.name, served.instances, ())
+        pick = router.pick if served.parent is None else router.pick_least_inflight
+        pick(served.name, served.instances, ())
         durations.append(time.perf_counter() - begun)
     return {
         "route_p50_us": _us(percentile(durations, 0.5)),
