@@ -115,7 +115,7 @@ class ModelRegistry:
         self._names_on: dict[_Owner, Counter[str]] = {}
         self._index: dict[str, ServedModel] = {}
         self._order: list[str] = []
-        """The keys of ``_index``, sorted (kept so by bisection, never re-sorted)."""
+        """The keys of ``_index``, sorted (``_index`` itself is in no order)."""
         self._version = 0
         self._stale: set[str] = set()
         self._memos: dict[Callable[[ServedModel], Any], dict[str, Any]] = {}
