@@ -161,15 +161,14 @@ class ModelNotFoundError(NotFoundError):
 
     param = "model"
 
-    def __init__(self, model: str, available: Iterable[str]) -> None:
+    def __init__(self, model: str, available: Iterable[str], total: int | None = None) -> None:
+        """``available``: names that exist (the first ``MAX_NAMES_IN_MESSAGE`` in order are
+        shown); ``total``: how many exist, when ``available`` holds only the first ones."""
         self.model = model
         names = sorted(available)
+        count = len(names) if total is None else total
         shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE]) or "none"
-        more = (
-            f" and {len(names) - MAX_NAMES_IN_MESSAGE} more"
-            if len(names) > MAX_NAMES_IN_MESSAGE
-            else ""
-        )
+        more = f" and {count - MAX_NAMES_IN_MESSAGE} more" if count > MAX_NAMES_IN_MESSAGE else ""
         super().__init__(
             f"The model {shorten(model)!r} does not exist or no live instance serves it; "
             f"available models: {shown}{more}"
