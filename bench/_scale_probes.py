@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -17,11 +18,11 @@ from bench._cluster import Service
 from bench._fleet import SimulatedFleet, SimulatedInstance
 from bench._http import HttpConnection, build_request
 from bench._report import ms, percentile
+from bench.plan_copies import time_changes
 from discovery.client import EtcdClient
 from frontend.config import FrontendConfig
 from frontend.registry import ModelRegistry
 from frontend.router import make_router
-from proto.placement import chosen_instances
 
 __all__ = [
     "Cards",
@@ -41,8 +42,8 @@ LAG_TIMEOUT_S: Final = 10.0
 REVISION_PROBE_KEY: Final = b"\x00bench-scale-revision"
 """A key nobody writes: reading it returns etcd's current revision."""
 DEFAULT_ROUTER: Final = FrontendConfig().router
-PLACEMENT_SAMPLE: Final = 2000
-"""Adapters timed per placement run; the per-change time is scaled to all of them."""
+PLACEMENT_ROUNDS: Final = 3
+"""Timed passes per kind of change (medians)."""
 
 
 @dataclass
@@ -220,20 +221,20 @@ async def etcd_status(etcd: EtcdClient) -> tuple[int, int]:
 
 
 def placement_per_change(instances: int, adapters: int) -> dict[str, Any]:
-    """ms one worker spends recomputing its share after a change (``worker.placement``).
+    """ms one worker spends on a placement pass after a change (``proto.placement.plan_copies``).
 
-    Times ``chosen_instances`` for ``PLACEMENT_SAMPLE`` adapters (1 replica) over
-    ``instances`` peers and scales to ``adapters``.
+    The worst of the changes ``bench.plan_copies`` times (an instance joins or leaves, 100
+    adapters get a copy more), on a settled plan with the worker's rendezvous cache warm;
+    adapters want 1 to 3 copies and every instance has twice the slots they need.
     """
-    peers = [0x7000_0000 + i for i in range(instances)]
-    me = peers[0]
-    sample = min(adapters, PLACEMENT_SAMPLE)
-    names = [f"scale-{i:06d}" for i in range(sample)]
-    started = time.perf_counter()
-    mine = {name for name in names if me in chosen_instances(name, 1, peers)}
-    elapsed_s = (time.perf_counter() - started) * adapters / sample
+    slots_each = max(1, math.ceil(2 * 1.6 * adapters / instances))  # 1.6: mean copies wanted
+    rows = time_changes(instances=instances, slots_each=slots_each, adapters=adapters,
+                        rounds=PLACEMENT_ROUNDS, seed=15)  # fmt: skip
+    changes = [row for row in rows if row["cpu_ms"] is not None]
+    worst = max(changes, key=lambda row: row["ms"])
     return {
-        "placement_ms": ms(elapsed_s),
-        "placement_sampled": sample,
-        "placement_mine": len(mine),
+        "placement_ms": worst["ms"],
+        "placement_cpu_ms": worst["cpu_ms"],
+        "placement_change": worst["change"],
+        "placement_first_pass_ms": rows[0]["ms"],
     }
