@@ -45,11 +45,13 @@ def _time(
     return (percentile(walls, 0.5) or 0) * 1000, (percentile(cpus, 0.5) or 0) * 1000
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Time the first pass, then each kind of change on the settled plan."""
-    rng = random.Random(args.seed)
-    slots = {rng.getrandbits(63): args.slots for _ in range(args.instances)}
-    copies = {f"adapter-{i}": rng.choice([1, 1, 1, 2, 3]) for i in range(args.adapters)}
+def time_changes(
+    *, instances: int, slots_each: int, adapters: int, rounds: int, seed: int
+) -> list[dict[str, Any]]:
+    """Time the first pass, then each kind of change on the settled plan (ms wall and CPU)."""
+    rng = random.Random(seed)
+    slots = {rng.getrandbits(63): slots_each for _ in range(instances)}
+    copies = {f"adapter-{i}": rng.choice([1, 1, 1, 2, 3]) for i in range(adapters)}
     cache = RendezvousCache()
     started = time.perf_counter()
     held = _held(plan_copies(copies, slots, cache=cache))
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     changes: dict[str, Callable[[], object]] = {
         "nothing changed": settled,
         "an instance joins": lambda: plan_copies(
-            copies, {**slots, newcomer: args.slots}, held=held, cache=cache
+            copies, {**slots, newcomer: slots_each}, held=held, cache=cache
         ),
         "an instance leaves": lambda: plan_copies(
             copies, {k: v for k, v in slots.items() if k != leaver}, held=held, cache=cache
@@ -71,8 +73,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     rows = [{"change": "first pass (every weight)", "ms": round(first_ms, 1), "cpu_ms": None}]
     for name, call in changes.items():
-        wall_ms, cpu_ms = _time(call, args.rounds, reset=settled)
+        wall_ms, cpu_ms = _time(call, rounds, reset=settled)
         rows.append({"change": name, "ms": round(wall_ms, 1), "cpu_ms": round(cpu_ms, 1)})
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the first pass, then each kind of change on the settled plan."""
+    rows = time_changes(instances=args.instances, slots_each=args.slots, adapters=args.adapters,
+                        rounds=args.rounds, seed=args.seed)  # fmt: skip
     return {"bench": "plan_copies", "machine": machine(), "settings": vars(args), "results": rows}
 
 

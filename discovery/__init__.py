@@ -66,6 +66,7 @@ from discovery.lease import (
 )
 from discovery.logs import (
     configure_logging,
+    console_renderer,
 )
 from discovery.nats_connection import (
     DEFAULT_INBOX_PREFIX,
@@ -151,6 +152,7 @@ __all__ = [
     "connect_etcd",
     "connect_with_retry",
     "connection_args",
+    "console_renderer",
     "env_flag",
     "env_option",
     "instance_key",

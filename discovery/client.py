@@ -17,7 +17,7 @@ from typing import Final
 import aetcd
 import grpc
 import structlog
-from aetcd import rpc, watcher
+from aetcd import rpc, utils, watcher
 
 from discovery._auth import TokenInterceptor, is_stale_token
 from discovery._channel import (
@@ -187,6 +187,21 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         if self.settings.tls and any(marker in reason for marker in _TLS_MARKERS):
             return _TLS_HINT
         return None
+
+    async def list_page(
+        self, prefix: bytes, start: bytes, *, limit: int, revision: int = 0
+    ) -> rpc.RangeResponse:
+        """Up to ``limit`` keys under ``prefix`` from ``start`` on, in key order, as they were
+        at ``revision`` (0: now); ``more`` says whether keys are left after the last one.
+
+        ``aetcd.Client.get_prefix`` sends neither limit nor revision, so a big prefix
+        comes back as one message, which gRPC refuses past 4 MiB (about 7,000 cards).
+        """
+        await self.connect()
+        request = rpc.RangeRequest(
+            key=start, range_end=utils.prefix_range_end(prefix), limit=limit, revision=revision
+        )
+        return await self.kvstub.Range(request, timeout=self._timeout, metadata=self.metadata)
 
     async def keep_lease_alive(self, lease_id: int) -> int:
         """Refresh the lease once and return the TTL etcd gave it (<= 0: the lease is gone).

@@ -1,8 +1,8 @@
 """A local copy of an etcd prefix that follows every change.
 
-List the prefix at revision R, watch from R+1, apply PUT and DELETE events;
-on any stream failure or compaction, list again and carry on, so the cache
-always converges to etcd. Subscribers hear every add and remove exactly once.
+List the prefix at revision R (page by page), watch from R+1, apply PUT and
+DELETE events; on any stream failure or compaction, list again and carry on,
+so the cache always converges to etcd. Subscribers hear every add and remove exactly once.
 """
 
 from __future__ import annotations
@@ -29,26 +29,44 @@ MAX_BACKOFF_S: Final = 0.5
 """Re-list at least this often while etcd is away, so the cache catches up within about
 1 s of its return (the channel reconnects within ``MAX_RECONNECT_BACKOFF_MS``)."""
 
+LIST_PAGE_KEYS: Final = 1000
+"""Keys per listing page: a page of 1,000 cards is about 0.6 MB, well under gRPC's 4 MiB."""
+
 
 class WatchCache(Generic[T]):
     """Decoded records under one prefix, kept equal to etcd by ``_watch_loop``."""
 
-    def __init__(self, etcd: EtcdClient, prefix: str, decode: Callable[[bytes], T]) -> None:
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        prefix: str,
+        decode: Callable[[bytes], T],
+        *,
+        page_keys: int = LIST_PAGE_KEYS,
+    ) -> None:
         self._etcd = etcd
         self.prefix = prefix
         self._decode = decode
+        self._page_keys = page_keys
         self._items: dict[str, T] = {}
         self.revision = 0
+        self.changes = 0
+        """How many adds, updates and removes were applied: a key for caches built from it."""
         self._listeners: list[WatchListener[T]] = []
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
-        cls, etcd: EtcdClient, prefix: str, decode: Callable[[bytes], T]
+        cls,
+        etcd: EtcdClient,
+        prefix: str,
+        decode: Callable[[bytes], T],
+        *,
+        page_keys: int = LIST_PAGE_KEYS,
     ) -> WatchCache[T]:
         """List ``prefix`` now (raises ``EtcdUnavailableError``) and follow it from there."""
-        cache = cls(etcd, prefix, decode)
+        cache = cls(etcd, prefix, decode, page_keys=page_keys)
         await cache._relist()
         cache._task = asyncio.create_task(cache._watch_loop(), name=f"watch {prefix}")
         return cache
@@ -130,14 +148,33 @@ class WatchCache(Generic[T]):
     async def _relist(self) -> None:
         """Replace the cache with a fresh listing, telling listeners what changed."""
         with self._etcd.errors("list", self.prefix):
-            listing = await self._etcd.get_prefix(self.prefix.encode())
-        fresh = {kv.key.decode(): kv.value for kv in listing}
+            fresh, revision = await self._list()
         for key in self._items.keys() - fresh.keys():
             self._apply(key, None)
         for key, value in fresh.items():
             self._apply(key, value)
-        self.revision = listing.header.revision
+        self.revision = revision
         await self._notify()
+
+    async def _list(self) -> tuple[dict[str, bytes], int]:
+        """Every record under the prefix at one revision, read ``LIST_PAGE_KEYS`` at a time.
+
+        One page at a time keeps each answer under gRPC's message limit and etcd's
+        read short; every page reads the first page's revision, so the listing is one
+        snapshot (a compaction in between fails the listing, and the loop lists again).
+        """
+        prefix = self.prefix.encode()
+        fresh: dict[str, bytes] = {}
+        start, revision = prefix, 0
+        while True:
+            page = await self._etcd.list_page(
+                prefix, start, limit=self._page_keys, revision=revision
+            )
+            revision = revision or page.header.revision
+            fresh.update((kv.key.decode(), kv.value) for kv in page.kvs)
+            if not page.more or not page.kvs:
+                return fresh, revision
+            start = page.kvs[-1].key + b"\0"
 
     def _apply(self, key: str, raw: bytes | None) -> None:
         old = self._items.get(key)
@@ -147,6 +184,7 @@ class WatchCache(Generic[T]):
         else:
             self._items[key] = new
         if old != new:
+            self.changes += 1
             self._tell_listeners(key, old, new)
 
     def _tell_listeners(self, key: str, old: T | None, new: T | None) -> None:

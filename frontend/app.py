@@ -24,25 +24,19 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
-from discovery.client import connect_etcd
-from discovery.nats_connection import NatsConnection
+from discovery.connect import wait_for_etcd, wait_for_nats
 from discovery.nats_settings import NatsSettings
-from discovery.startup import connect_with_retry, unless_stopped
+from discovery.startup import unless_stopped
 from frontend.access_log import AccessLogMiddleware
 from frontend.adapter_states import AdapterStates
 from frontend.config import FrontendConfig
-from frontend.controllers import (
-    AdaptersController,
-    ChatCompletionsController,
-    CompletionsController,
-    ModelsController,
-    SystemController,
-    VllmLoraController,
-)
+from frontend.controllers import CONTROLLERS
 from frontend.desired_state import DesiredState
 from frontend.dispatcher import Dispatcher
-from frontend.errors import openai_error, openai_type
+from frontend.errors import openai_error, openai_type, unexpected_error
+from frontend.fast_path import MAX_BODY_BYTES, GenerateFastPath
 from frontend.fleet_loads import FleetLoads
+from frontend.generate_routes import ENDPOINT_BY_PATH
 from frontend.generation import GenerationService
 from frontend.json_request import BoundedJsonRequest
 from frontend.load_failures import LoadFailures
@@ -60,15 +54,12 @@ __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
 
-ENDPOINT_BY_PATH: Final = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 CODE_BY_STATUS: Final = {
     400: "invalid_request",
     404: "not_found",
     405: "method_not_allowed",
     413: "payload_too_large",
 }
-MAX_BODY_BYTES: Final = 10_000_000
-"""Largest HTTP body read (Litestar's default); what reaches a worker must also fit NATS."""
 _MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -98,21 +89,14 @@ async def _start_services(
     """Connect NATS and etcd, start the registry and the request plane (then True); undo
     everything via ``stack``."""
     settings = NatsSettings.from_env(config.nats_server)
-    nats = await connect_with_retry(
-        lambda: NatsConnection.connect(
-            settings, name=f"frontend-{os.getpid()}", on_lost=lambda: _nats_lost(app)
-        ),
-        service="NATS", url=settings.servers_text, timeout_s=config.connect_timeout_s,
-        check="NATS_SERVER (--nats-server)",
+    nats = await wait_for_nats(
+        settings, timeout_s=config.connect_timeout_s, name=f"frontend-{os.getpid()}",
+        on_lost=lambda: _nats_lost(app),
     )  # fmt: skip
     stack.push_async_callback(nats.aclose)
     plane = await RequestPlane.start(nats)
     stack.push_async_callback(plane.aclose)
-    etcd = await connect_with_retry(
-        lambda: connect_etcd(config.etcd),
-        service="etcd", url=config.etcd.describe(), timeout_s=config.connect_timeout_s,
-        check="ETCD_ENDPOINTS (--etcd-endpoints)",
-    )  # fmt: skip
+    etcd = await wait_for_etcd(config.etcd, timeout_s=config.connect_timeout_s)
     stack.push_async_callback(etcd.close)
     registry = await ModelRegistry.start(etcd, config.namespace)
     stack.push_async_callback(registry.aclose)
@@ -144,10 +128,6 @@ def _nats_lost(app: Litestar) -> None:
     """The NATS connection closed for good: stop serving and exit 1 (``__main__`` reads it)."""
     app.state.fatal_error = "the NATS connection closed and cannot be re-made"
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _error_response(status: int, error: OpenAIError) -> Response[OpenAIErrorResponse]:
-    return Response(OpenAIErrorResponse(error=error), status_code=status)
 
 
 def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) -> Response[Any]:
@@ -198,26 +178,14 @@ def _describe_field(key: str, problem: str) -> tuple[str, str | None]:
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unexpected error", path=request.url.path)
-    error = OpenAIError(
-        message=f"Internal error: {type(exc).__name__}: {exc}",
-        type="server_error",
-        code="internal_error",
-    )
-    return _error_response(500, error)
+    status, body = unexpected_error(exc, request.url.path)
+    return Response(body, status_code=status)
 
 
 def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None) -> Litestar:
     """The frontend app; nothing connects until its lifespan starts."""
     app = Litestar(
-        route_handlers=[
-            AdaptersController,
-            ChatCompletionsController,
-            CompletionsController,
-            ModelsController,
-            SystemController,
-            VllmLoraController,
-        ],
+        route_handlers=list(CONTROLLERS),
         lifespan=[_lifespan],
         middleware=[AccessLogMiddleware],
         request_class=BoundedJsonRequest,
@@ -245,4 +213,6 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
     app.state.config = config
     app.state.stopping = asyncio.Event()  # set on SIGTERM/SIGINT: ends a waiting start-up
     app.state.metrics = metrics or FrontendMetrics()
+    # In front of Litestar's own handler, as its CORS middleware would be (docs/frontend.md).
+    app.asgi_handler = GenerateFastPath(app.asgi_handler, app.state)
     return app

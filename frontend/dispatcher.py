@@ -99,6 +99,23 @@ class Attempt:
     request_id: str
 
 
+@dataclass(slots=True)
+class _Tries:
+    """One request's tries: the instances tried, those forgiven a NATS fail-over (tried
+    once more), and the last retryable error."""
+
+    served: ServedModel
+    tried: list[int] = field(default_factory=list)
+    forgiven: set[int] = field(default_factory=set)
+    last: LorafleetError | None = None
+
+    def exhausted(self) -> LorafleetError:
+        """The error to answer with once no instance is left: the worker's, if one gave one."""
+        if isinstance(self.last, WorkerError):
+            return self.last
+        return NoLiveInstanceError(self.served.name, self.tried)
+
+
 class Dispatcher:
     """Routes generate requests to instances and reads their answers, with retries."""
 
@@ -117,22 +134,20 @@ class Dispatcher:
 
     async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
         """Run ``request`` to its final chunk, retrying on other instances until then."""
-        tried: list[int] = []
-        forgiven: set[int] = set()
-        last: LorafleetError | None = None
-        while len(tried) < self.settings.max_attempts:
-            attempt = await self._start(served, request, tried, last)
+        tries = _Tries(served)
+        while len(tries.tried) < self.settings.max_attempts:
+            attempt = await self._start(tries, request)
             try:
                 return await self._collect(attempt)
             except (InstanceLostError, WorkerError) as exc:
-                last = self._retryable_or_raise(exc, attempt)
-                await self._forgive_failover(exc, served, tried, forgiven)
+                tries.last = self._retryable_or_raise(exc, attempt)
+                await self._forgive_failover(exc, tries)
             except BaseException:
                 self.cancel(attempt)
                 raise
             finally:
                 self.release(attempt)
-        raise self._exhausted(served, tried, last)
+        raise tries.exhausted()
 
     async def stream(
         self, served: ServedModel, request: GenerateRequest, lookup: Lookup | None = None
@@ -149,17 +164,15 @@ class Dispatcher:
         self, served: ServedModel, request: GenerateRequest
     ) -> tuple[Attempt, StreamChunk]:
         """Start ``request`` and wait for its first chunk, retrying elsewhere until then."""
-        tried: list[int] = []
-        forgiven: set[int] = set()
-        last: LorafleetError | None = None
-        while len(tried) < self.settings.max_attempts:
-            attempt = await self._start(served, request, tried, last)
+        tries = _Tries(served)
+        while len(tries.tried) < self.settings.max_attempts:
+            attempt = await self._start(tries, request)
             try:
                 first = await self.next_chunk(attempt)
             except InstanceLostError as exc:
                 self.release(attempt)
-                last = self._retryable_or_raise(exc, attempt)
-                await self._forgive_failover(exc, served, tried, forgiven)
+                tries.last = self._retryable_or_raise(exc, attempt)
+                await self._forgive_failover(exc, tries)
                 continue
             except BaseException:
                 self.release(attempt)
@@ -168,27 +181,22 @@ class Dispatcher:
             if isinstance(first, ErrorChunk):
                 error = WorkerError(attempt.instance.instance_id, error_from_info(first.error))
                 self.release(attempt)
-                last = self._retryable_or_raise(error, attempt)
+                tries.last = self._retryable_or_raise(error, attempt)
                 continue
             return attempt, first
-        raise self._exhausted(served, tried, last)
+        raise tries.exhausted()
 
-    async def _start(
-        self,
-        served: ServedModel,
-        request: GenerateRequest,
-        tried: list[int],
-        last: LorafleetError | None,
-    ) -> Attempt:
+    async def _start(self, tries: _Tries, request: GenerateRequest) -> Attempt:
+        served = tries.served
         pick = self.router.pick if served.parent is None else self.router.pick_least_inflight
         instance = None
         if self._quarantine:
-            instance = pick(served.name, served.instances, self._avoid(tried))
+            instance = pick(served.name, served.instances, self._avoid(tries.tried))
         if instance is None:
-            instance = pick(served.name, served.instances, tried)
+            instance = pick(served.name, served.instances, tries.tried)
         if instance is None:
-            raise self._exhausted(served, tried, last)
-        tried.append(instance.instance_id)
+            raise tries.exhausted()
+        tries.tried.append(instance.instance_id)
         self.router.started(instance.instance_id)
         try:
             reply = await self.plane.open(instance.subject, request)
@@ -259,31 +267,20 @@ class Dispatcher:
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
                 self.cancel(attempt)
 
-    async def _forgive_failover(
-        self, exc: LorafleetError, served: ServedModel, tried: list[int], forgiven: set[int]
-    ) -> None:
+    async def _forgive_failover(self, exc: LorafleetError, tries: _Tries) -> None:
         """Let an instance lost to a NATS fail-over be tried once more: at once when this
         frontend's own link dropped; when nobody answered its subject (its node may have
         died a moment ago) only after ``FAILOVER_PAUSE_S``, and only if no other fresh
         instance is left. A single-instance model thus survives a NATS node's death."""
-        if not isinstance(exc, InstanceLostError) or exc.instance_id in forgiven:
+        if not isinstance(exc, InstanceLostError) or exc.instance_id in tries.forgiven:
             return
         if not (exc.link_dropped or exc.no_responders):
             return
-        forgiven.add(exc.instance_id)
-        tried.remove(exc.instance_id)
-        if exc.no_responders and not self._fresh_instances(served, tried, forgiven):
+        tries.forgiven.add(exc.instance_id)
+        tries.tried.remove(exc.instance_id)
+        if exc.no_responders and not self._fresh_instances(tries):
             await asyncio.sleep(FAILOVER_PAUSE_S)
 
-    def _fresh_instances(
-        self, served: ServedModel, tried: list[int], forgiven: set[int]
-    ) -> list[Instance]:
-        avoid = {*self._avoid(tried), *forgiven}
-        return [i for i in served.instances if i.instance_id not in avoid]
-
-    def _exhausted(
-        self, served: ServedModel, tried: list[int], last: LorafleetError | None
-    ) -> LorafleetError:
-        if isinstance(last, WorkerError):
-            return last
-        return NoLiveInstanceError(served.name, tried)
+    def _fresh_instances(self, tries: _Tries) -> list[Instance]:
+        avoid = {*self._avoid(tries.tried), *tries.forgiven}
+        return [i for i in tries.served.instances if i.instance_id not in avoid]

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar, Final
 
+import structlog
+
 from proto.adapters import AdapterLoadError
 from proto.errors import (
     HTTP_STATUS_BY_CODE,
@@ -63,7 +65,10 @@ __all__ = [
     "http_status",
     "openai_error",
     "openai_type",
+    "unexpected_error",
 ]
+
+log = structlog.get_logger(__name__)
 
 
 OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
@@ -103,6 +108,17 @@ def openai_error(exc: LorafleetError) -> tuple[int, OpenAIErrorResponse]:
         code=code,
     )
     return status, OpenAIErrorResponse(error=error)
+
+
+def unexpected_error(exc: Exception, path: str) -> tuple[int, OpenAIErrorResponse]:
+    """Log an exception nobody expected (with its traceback) and give its 500 answer."""
+    log.exception("unexpected error", path=path)
+    error = OpenAIError(
+        message=f"Internal error: {type(exc).__name__}: {exc}",
+        type="server_error",
+        code="internal_error",
+    )
+    return 500, OpenAIErrorResponse(error=error)
 
 
 class BadFieldError(InvalidRequestError):
@@ -145,15 +161,14 @@ class ModelNotFoundError(NotFoundError):
 
     param = "model"
 
-    def __init__(self, model: str, available: Iterable[str]) -> None:
+    def __init__(self, model: str, available: Iterable[str], total: int | None = None) -> None:
+        """``available``: names that exist (the first ``MAX_NAMES_IN_MESSAGE`` in order are
+        shown); ``total``: how many exist, when ``available`` holds only the first ones."""
         self.model = model
         names = sorted(available)
+        count = len(names) if total is None else total
         shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE]) or "none"
-        more = (
-            f" and {len(names) - MAX_NAMES_IN_MESSAGE} more"
-            if len(names) > MAX_NAMES_IN_MESSAGE
-            else ""
-        )
+        more = f" and {count - MAX_NAMES_IN_MESSAGE} more" if count > MAX_NAMES_IN_MESSAGE else ""
         super().__init__(
             f"The model {shorten(model)!r} does not exist or no live instance serves it; "
             f"available models: {shown}{more}"

@@ -18,7 +18,6 @@ from typing import Final, TypeAlias, TypeVar
 
 import msgspec
 import structlog
-from litestar.response import Stream
 from litestar.types import Receive
 
 from frontend.access_log import current_record
@@ -37,14 +36,16 @@ from proto.openai import ChatCompletionRequest, CompletionRequest
 __all__ = [
     "GenerationService",
     "SSE_HEADERS",
+    "SSE_MEDIA_TYPE",
     "ToGenerate",
 ]
 
 log = structlog.get_logger(__name__)
 
+SSE_MEDIA_TYPE: Final = "text/event-stream"
 SSE_HEADERS: Final = {
     # Litestar lets the handler's JSON media type win over Stream's own; a header does not.
-    "Content-Type": "text/event-stream; charset=utf-8",
+    "Content-Type": f"{SSE_MEDIA_TYPE}; charset=utf-8",
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
@@ -67,8 +68,9 @@ class GenerationService:
 
     async def generate(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], receive: Receive
-    ) -> msgspec.Struct | Stream:
-        """Answer ``body`` whole or as an SSE stream; raises ``LorafleetError`` before streaming.
+    ) -> msgspec.Struct | SseAnswer:
+        """Answer ``body`` whole or as an SSE stream's body (sent with ``SSE_HEADERS``); raises
+        ``LorafleetError`` before streaming.
 
         ``receive`` is the request's ASGI channel, watched for the client hanging up.
         """
@@ -80,8 +82,7 @@ class GenerationService:
             return await self._whole(served, request, answer, exchange, receive)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         tokens = await self._open_stream(served, request, exchange)
-        sse_answer = SseAnswer(exchange, tokens, answer, include_usage=include_usage)
-        return Stream(sse_answer, media_type="text/event-stream", headers=SSE_HEADERS)
+        return SseAnswer(exchange, tokens, answer, include_usage=include_usage)
 
     async def _prepare(
         self, body: _Body, to_generate: ToGenerate[_Body], exchange: Exchange
@@ -111,10 +112,9 @@ class GenerationService:
         receive: Receive,
     ) -> msgspec.Struct:
         """The whole answer, cancelled at the worker if the client hangs up first."""
-        gone = ClientGoneError(answer.model, answer.id)
         try:
             work = self._dispatch(self.dispatcher.complete, served, request)
-            completion = await _unless_client_gone(work, receive, gone)
+            completion = await _unless_client_gone(work, receive, answer)
         except LorafleetError as exc:
             exchange.failed(exc)
             raise
@@ -163,10 +163,11 @@ async def _until_disconnected(receive: Receive) -> None:
 
 
 async def _unless_client_gone(
-    work: Awaitable[_Answer], receive: Receive, gone: ClientGoneError
+    work: Awaitable[_Answer], receive: Receive, answer: Answer
 ) -> _Answer:
-    """Await ``work``; cancel it (and so its request at the worker) and raise ``gone`` if the
-    client hangs up first. Without this a dropped client's answer is generated to the end."""
+    """Await ``work``; cancel it (and so its request at the worker) and raise
+    ``ClientGoneError`` if the client hangs up first. Without this a dropped client's
+    answer is generated to the end."""
     handler = asyncio.current_task()
     assert handler is not None  # called from a request handler's task
     hung_up = False
@@ -184,6 +185,6 @@ async def _unless_client_gone(
         if not hung_up:
             raise
         handler.uncancel()
-        raise gone from None
+        raise ClientGoneError(answer.model, answer.id) from None
     finally:
         watcher.cancel()

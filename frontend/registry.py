@@ -4,11 +4,14 @@ A name is served while at least one instance with a live ``Instance`` record
 has a card for it. Watch events only mark the names they touch as stale; the
 first read after a change refreshes those names alone, so a request never
 waits on etcd, a burst of events costs one refresh, and one adapter loaded
-among thousands costs one entry, not a rebuild.
+among thousands costs one entry, not a rebuild: the sorted order is kept by
+bisection (no re-sort), and answers built from every model (``each``,
+``joined``) are rebuilt only from entries of the names that changed.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,8 +26,11 @@ from proto.uris import public_uri
 __all__ = ["ModelRegistry", "ServedModel", "build_index"]
 
 DEFAULT_OWNER: Final = "lorafleet"
+BISECT_MAX_NAMES: Final = 64
+"""More names added in one refresh than this: sort the order once instead of inserting each."""
 
 _T = TypeVar("_T")
+_MISSING: Final = object()
 _Owner: TypeAlias = tuple[str, int]
 """An instance as card keys name it: ``namespace/component/endpoint`` and its id."""
 
@@ -108,9 +114,13 @@ class ModelRegistry:
         """Every card by name, then by key, with the instance its key names."""
         self._names_on: dict[_Owner, Counter[str]] = {}
         self._index: dict[str, ServedModel] = {}
+        self._order: list[str] = []
+        """The keys of ``_index``, sorted (``_index`` itself is in no order)."""
+        self._version = 0
         self._stale: set[str] = set()
         self._memos: dict[Callable[[ServedModel], Any], dict[str, Any]] = {}
         self._lists: dict[Callable[[ServedModel], Any], list[Any]] = {}
+        self._joined: dict[Callable[[ServedModel], bytes], bytes] = {}
         for key, instance in instances.items.items():
             self._instance_changed(key, None, instance)
         for key, card in cards.items.items():
@@ -150,7 +160,8 @@ class ModelRegistry:
 
     def models(self) -> list[ServedModel]:
         """Every served model, base models and adapters, sorted by name."""
-        return list(self._current().values())
+        index = self._current()
+        return [index[name] for name in self._order]
 
     def each(self, build: Callable[[ServedModel], _T]) -> list[_T]:
         """``[build(m) for m in self.models()]``, calling ``build`` again only for changed models.
@@ -158,18 +169,38 @@ class ModelRegistry:
         For answers made of every model (``/v1/models``), so that asking again
         costs nothing until a worker changes what it serves.
         """
-        index = self._current()
-        built = self._lists.get(build)
-        if built is None:
-            memo = self._memos.setdefault(build, {})
-            for name in index.keys() - memo.keys():
-                memo[name] = build(index[name])
-            built = self._lists[build] = [memo[name] for name in index]
-        return list(built)
+        return list(self._built(build))
+
+    def joined(self, build: Callable[[ServedModel], bytes]) -> bytes:
+        """``b",".join(self.each(build))``, kept until a worker changes what it serves.
+
+        For pre-encoded answers made of every model: asking again costs nothing,
+        and a change costs one ``build`` per changed model and one join.
+        """
+        self._current()
+        body = self._joined.get(build)
+        if body is None:
+            body = self._joined[build] = b",".join(self._built(build))
+        return body
+
+    def version(self) -> int:
+        """A number that changes whenever the served models do (to key caches built on them)."""
+        self._current()
+        return self._version
 
     def names(self) -> list[str]:
         """Every served name, sorted."""
-        return list(self._current())
+        self._current()
+        return list(self._order)
+
+    def first_names(self, count: int) -> list[str]:
+        """The first ``count`` served names, sorted (without copying every name)."""
+        self._current()
+        return self._order[:count]
+
+    def count(self) -> int:
+        """How many names are served."""
+        return len(self._current())
 
     def known(self, name: str) -> bool:
         """Whether any card in etcd names ``name``, live instance or not."""
@@ -238,21 +269,44 @@ class ModelRegistry:
         return self._index
 
     def _refresh(self) -> None:
-        """Recompute the stale names' entries; keep the index sorted by name."""
-        added = False
+        """Recompute the stale names' entries, keeping ``_order`` sorted by bisection
+        (or by one sort when many names came at once, as on start-up)."""
+        added = []
         for name in self._stale:
             served = self._served(name)
             if served is None:
-                self._index.pop(name, None)
+                if self._index.pop(name, None) is not None:
+                    del self._order[bisect_left(self._order, name)]
             else:
-                added = added or name not in self._index
+                if name not in self._index:
+                    added.append(name)
                 self._index[name] = served
             for memo in self._memos.values():
                 memo.pop(name, None)
+        if len(added) > BISECT_MAX_NAMES:
+            self._order = sorted(self._index)
+        else:
+            for name in added:
+                insort(self._order, name)
         self._stale.clear()
         self._lists.clear()
-        if added:
-            self._index = dict(sorted(self._index.items()))
+        self._joined.clear()
+        self._version += 1
+
+    def _built(self, build: Callable[[ServedModel], _T]) -> list[_T]:
+        """``build`` of every model in name order, from its memo where the model is unchanged."""
+        index = self._current()
+        built = self._lists.get(build)
+        if built is None:
+            memo = self._memos.setdefault(build, {})
+            built = []
+            for name in self._order:
+                entry = memo.get(name, _MISSING)
+                if entry is _MISSING:
+                    entry = memo[name] = build(index[name])
+                built.append(entry)
+            self._lists[build] = built
+        return built
 
     def _served(self, name: str) -> ServedModel | None:
         """``name``'s entry: its first card on a live instance and every live instance with one."""

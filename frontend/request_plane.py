@@ -203,7 +203,8 @@ class RequestPlane:
         ``PayloadTooLargeError`` (413), before publishing anything, when the encoded
         message exceeds the server's ``max_payload`` (from its INFO).
         """
-        if not await self.connection.wait_connected(NATS_RECONNECT_GRACE_S):
+        connected = self.connection.is_connected  # skips a coroutine on every request
+        if not connected and not await self.connection.wait_connected(NATS_RECONNECT_GRACE_S):
             servers = self.connection.settings.servers_text
             raise NatsUnavailableError(
                 f"this frontend's NATS connection ({servers}) is down and reconnecting, so no "

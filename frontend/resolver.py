@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frontend.desired_state import DesiredState
-from frontend.errors import ModelNotFoundError, NoLiveInstanceError, WorkerError
+from frontend.errors import (
+    MAX_NAMES_IN_MESSAGE,
+    ModelNotFoundError,
+    NoLiveInstanceError,
+    WorkerError,
+)
 from frontend.on_demand import OnDemandLoader
 from frontend.registry import ModelRegistry, ServedModel
 from proto.adapters import AdapterSpec
@@ -36,6 +41,8 @@ class ModelResolver:
         self.registry = registry
         self.desired = desired
         self.loader = loader
+        self._cold: tuple[tuple[int, int], list[ColdAdapter]] = ((-1, -1), [])
+        """``cold()``'s answer and the (registry version, desired changes) it was built at."""
 
     async def resolve(self, name: str) -> ServedModel:
         """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise."""
@@ -47,7 +54,17 @@ class ModelResolver:
             return await self.loader.load(spec)
         if self.registry.known(name):
             raise NoLiveInstanceError(name)
-        raise ModelNotFoundError(name, self.names())
+        raise self.not_found(name)
+
+    def not_found(self, name: str) -> ModelNotFoundError:
+        """The 404 for ``name``, naming the first names that exist and how many there are.
+
+        It copies no more than ``MAX_NAMES_IN_MESSAGE`` names: a request for an unknown
+        name costs the same with 10 or 100,000 cards.
+        """
+        cold = sorted(adapter.spec.name for adapter in self.cold())  # not served: disjoint
+        first = self.registry.first_names(MAX_NAMES_IN_MESSAGE) + cold[:MAX_NAMES_IN_MESSAGE]
+        return ModelNotFoundError(name, first, total=self.registry.count() + len(cold))
 
     def gone_cold(self, served: ServedModel, exc: LorafleetError) -> AdapterSpec | None:
         """The spec to load again when ``exc`` says a desired adapter left its instances.
@@ -63,7 +80,17 @@ class ModelResolver:
         return self.desired.get(served.name)
 
     def cold(self) -> list[ColdAdapter]:
-        """Desired adapters loaded nowhere whose base model a live instance serves, by name."""
+        """Desired adapters loaded nowhere whose base model a live instance serves, by name.
+
+        Kept until the registry or the desired state changes: ``/v1/models`` and
+        every unknown name ask for it, and it scans every desired adapter.
+        """
+        key = (self.registry.version(), self.desired.cache.changes)
+        if self._cold[0] != key:
+            self._cold = (key, self._find_cold())
+        return list(self._cold[1])
+
+    def _find_cold(self) -> list[ColdAdapter]:
         found = []
         for spec in self.desired.specs():
             base = self.registry.get(spec.base_model)
@@ -73,4 +100,7 @@ class ModelResolver:
 
     def names(self) -> list[str]:
         """Every name a request may use: served ones and cold adapters, sorted."""
-        return sorted({*self.registry.names(), *(cold.spec.name for cold in self.cold())})
+        cold = self.cold()
+        if not cold:
+            return self.registry.names()  # sorted already
+        return sorted({*self.registry.names(), *(adapter.spec.name for adapter in cold)})

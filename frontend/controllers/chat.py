@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Final
 
-from litestar import Controller, Request, post
-from litestar.di import NamedDependency
-from litestar.params import JSONBody
-from litestar.response import Stream
-
-from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.services import Services
-from frontend.shapes import CHAT
-from frontend.translate import chat_to_generate
-from proto.openai import ChatCompletionRequest, ChatCompletionResponse
+from frontend.controllers._generate import generate_controller
+from frontend.generate_routes import CHAT_ROUTE
+from proto.openai import ChatCompletionResponse
 
 __all__ = ["ChatCompletionsController"]
 
-
-class ChatCompletionsController(Controller):
-    """OpenAI's chat completions resource."""
-
-    path = "/v1/chat/completions"
-    tags = ["chat"]
-
-    @post(
-        "/",
-        operation_id="createChatCompletion",
-        status_code=200,
-        summary="Create a chat completion",
-        description="With `stream: true` the answer is `text/event-stream`, ending `[DONE]`.",
-        responses=GENERATE_ERRORS,
-    )
-    async def create(
-        self,
-        request: Request[Any, Any, Any],
-        data: JSONBody[ChatCompletionRequest],
-        services: NamedDependency[Services],
-    ) -> ChatCompletionResponse | Stream:
-        """Answer a chat request through a worker that serves its model."""
-        answer = await services.generation.generate(data, CHAT, chat_to_generate, request.receive)
-        return cast("ChatCompletionResponse | Stream", answer)
+ChatCompletionsController: Final = generate_controller(
+    CHAT_ROUTE, ChatCompletionResponse, name="ChatCompletionsController", tag="chat",
+    operation_id="createChatCompletion", summary="Create a chat completion",
+)  # fmt: skip
+"""OpenAI's chat completions resource."""

@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Final
 
-from litestar import Controller, Request, post
-from litestar.di import NamedDependency
-from litestar.params import JSONBody
-from litestar.response import Stream
-
-from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.services import Services
-from frontend.shapes import COMPLETIONS
-from frontend.translate import completion_to_generate
-from proto.openai import CompletionRequest, CompletionResponse
+from frontend.controllers._generate import generate_controller
+from frontend.generate_routes import COMPLETIONS_ROUTE
+from proto.openai import CompletionResponse
 
 __all__ = ["CompletionsController"]
 
-
-class CompletionsController(Controller):
-    """OpenAI's (legacy) completions resource."""
-
-    path = "/v1/completions"
-    tags = ["completions"]
-
-    @post(
-        "/",
-        operation_id="createCompletion",
-        status_code=200,
-        summary="Create a completion",
-        description="With `stream: true` the answer is `text/event-stream`, ending `[DONE]`.",
-        responses=GENERATE_ERRORS,
-    )
-    async def create(
-        self,
-        request: Request[Any, Any, Any],
-        data: JSONBody[CompletionRequest],
-        services: NamedDependency[Services],
-    ) -> CompletionResponse | Stream:
-        """Answer a completions request through a worker that serves its model."""
-        answer = await services.generation.generate(
-            data, COMPLETIONS, completion_to_generate, request.receive
-        )
-        return cast("CompletionResponse | Stream", answer)
+CompletionsController: Final = generate_controller(
+    COMPLETIONS_ROUTE, CompletionResponse, name="CompletionsController", tag="completions",
+    operation_id="createCompletion", summary="Create a completion",
+)  # fmt: skip
+"""OpenAI's (legacy) completions resource."""

@@ -3,18 +3,23 @@
 A cold adapter (desired, loaded nowhere, base model served) is listed with
 ``loaded: false`` and lorafleet's ``status`` (``AdapterStates``): the first request
 for it loads it on demand, unless its last load failed (``status.state`` is
-``failed``, with the error).
+``failed``, with the error). Without cold adapters the list is sent pre-encoded:
+each entry is encoded once when its model changes and the joined body is kept
+until the next change (``ModelRegistry.joined``), so a GET of 10,000 entries
+copies bytes instead of building and encoding 10,000 objects.
 """
 
 from __future__ import annotations
 
-from litestar import Controller, get
+from typing import cast
+
+import msgspec
+from litestar import Controller, MediaType, Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from frontend.adapter_states import AdapterStates
 from frontend.controllers._responses import MODEL_ERRORS
-from frontend.errors import ModelNotFoundError
 from frontend.registry import ServedModel
 from frontend.resolver import ColdAdapter
 from frontend.services import Services
@@ -22,6 +27,8 @@ from proto.openai import ModelList, ModelObject, ModelStatus
 from proto.uris import public_uri
 
 __all__ = ["ModelsController", "cold_model_object", "model_object"]
+
+_LIST_HEAD, _LIST_TAIL = msgspec.json.encode(ModelList(data=[])).split(b"[]")
 
 
 def model_object(served: ServedModel) -> ModelObject:
@@ -34,6 +41,11 @@ def model_object(served: ServedModel) -> ModelObject:
         parent=served.parent,
         max_model_len=served.card.context_length or None,
     )
+
+
+def _encoded_model_object(served: ServedModel) -> bytes:
+    """``model_object(served)`` as JSON, as the list's body holds it."""
+    return msgspec.json.encode(model_object(served))
 
 
 def cold_model_object(cold: ColdAdapter, states: AdapterStates) -> ModelObject:
@@ -58,15 +70,19 @@ class ModelsController(Controller):
     tags = ["models"]
 
     @get("/", operation_id="listModels", summary="List served models")
-    async def list_models(self, services: NamedDependency[Services]) -> ModelList:
+    async def list_models(self, services: NamedDependency[Services]) -> Response[ModelList]:
         """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
         resolver = services.resolver
-        entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
         cold = resolver.cold()
-        if cold:
-            entries += [cold_model_object(adapter, services.adapters) for adapter in cold]
-            entries.sort(key=lambda entry: entry.id)
-        return ModelList(data=entries)
+        if not cold:  # the usual case: the registry's pre-encoded entries, as they are
+            joined = resolver.registry.joined(_encoded_model_object)
+            body = b"".join((_LIST_HEAD, b"[", joined, b"]", _LIST_TAIL))
+            # bytes are sent as they are: the body is an encoded ModelList
+            return cast("Response[ModelList]", Response(body, media_type=MediaType.JSON))
+        entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
+        entries += [cold_model_object(adapter, services.adapters) for adapter in cold]
+        entries.sort(key=lambda entry: entry.id)
+        return Response(ModelList(data=entries))
 
     @get(
         "/{model_id:path}",
@@ -85,4 +101,4 @@ class ModelsController(Controller):
         for cold in services.resolver.cold():
             if cold.spec.name == name:
                 return cold_model_object(cold, services.adapters)
-        raise ModelNotFoundError(name, services.resolver.names())
+        raise services.resolver.not_found(name)

@@ -88,6 +88,21 @@ def test_etcd_recovery_reports_an_outage_and_a_leader_kill_that_lose_nothing(
     assert only["leader_elected_s"] > 0 and only["keepalive_resumed_s"] > 0
 
 
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_scale_reports_every_figure_for_a_tiny_fleet_under_churn(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "scale", "--instances", "3", "--cards", "12", "--churn-per-s", "10",
+                    "--churn-s", "0.5", "--samples", "3", "--route-samples", "20")  # fmt: skip
+    (row,) = result["results"]
+    assert (row["instances"], row["cards"]) == (3, 12)
+    assert row["models_entries"] == 13  # the base model and twelve adapters
+    assert row["changes"] == 5 and row["unroutable"] == 0 and row["lag_p50_ms"] is not None
+    for figure in ("ready_s", "ready_base_s", "registry_build_ms", "rss_per_card_kib",
+                   "route_p50_us", "route_p99_us", "models_p50_ms", "models_p99_ms", "models_bytes",
+                   "lag_p99_ms", "revisions_per_s", "etcd_db_mib", "placement_ms"):  # fmt: skip
+        assert row[figure] is not None, figure
+    assert result["knee"] is None and result["broke"] is None
+
+
 PLACEMENT_FIGURES = {
     "copies_declared", "copies_at_start", "requests", "failed", "failures", "window_s",
     "adapter_loads", "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",

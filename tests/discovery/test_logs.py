@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import structlog
+
+from discovery.logs import console_renderer
+
 PROGRAM = textwrap.dedent("""
     import logging, structlog
     from discovery.logs import configure_logging
@@ -64,3 +68,38 @@ def test_json_logs_turn_warnings_and_uncaught_exceptions_into_one_line_each():
     assert "ZeroDivisionError" in lines[2]["exception"]
     assert lines[3]["event"] == "uncaught exception"
     assert "nobody caught this" in lines[3]["exception"]
+
+
+def test_console_renderer_writes_exactly_what_structlogs_own_writes():
+    events = [
+        {
+            "event": "access",
+            "method": "POST",
+            "route": "/v1/chat/completions",
+            "model": "demo",
+            "status": 200,
+            "duration_s": 0.0123,
+            "prompt_tokens": 1,
+            "completion_tokens": 4,
+            "timestamp": "2026-11-30T21:00:00.000000Z",
+            "level": "info",
+            "process": "frontend",
+            "request_id": "abc",
+        },
+        {
+            "event": "x",
+            "level": "warning",
+            "logger": "uvicorn.error",
+            "text": "a b=c 'q'",
+            "none": None,
+            "items": [1, "two"],
+            "timestamp": "t",
+        },
+        {"event": "a longer event than the thirty characters it is padded to", "level": "error"},
+        {"event": "no level", "unicode": "héllo wörld"},
+    ]
+    for colors in (False, True):
+        ours = console_renderer(colors)
+        stock = structlog.dev.ConsoleRenderer(colors=colors)
+        for event in events:
+            assert ours(None, "info", dict(event)) == stock(None, "info", dict(event))

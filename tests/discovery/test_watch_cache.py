@@ -52,6 +52,30 @@ async def test_listeners_hear_adds_and_removes(etcd, namespace):
     assert heard == [(f"{namespace}/a", None, "ok:1"), (f"{namespace}/a", "ok:1", None)]
 
 
+async def test_a_prefix_bigger_than_grpcs_4_mib_message_limit_is_listed_whole(etcd, namespace):
+    """1,500 records of 3 KiB: one answer would be 4.5 MiB, which gRPC refuses; pages pass."""
+    prefix = f"{namespace}/"
+    gate = asyncio.Semaphore(32)
+
+    async def put(index: int) -> None:
+        async with gate:
+            await etcd.put(f"{prefix}{index:05d}".encode(), b"ok:" + b"x" * 3072)
+
+    await asyncio.gather(*(put(index) for index in range(1500)))
+    async with await WatchCache.start(etcd, prefix, _as_text) as cache:
+        assert len(cache.items) == 1500
+
+
+async def test_a_listing_read_page_by_page_is_whole_and_the_watch_follows_it(etcd, namespace):
+    prefix = f"{namespace}/"
+    for index in range(10):
+        await etcd.put(f"{prefix}{index}".encode(), f"ok:{index}".encode())
+    async with await WatchCache.start(etcd, prefix, _as_text, page_keys=3) as cache:
+        assert cache.items == {f"{prefix}{index}": f"ok:{index}" for index in range(10)}
+        await etcd.put(f"{prefix}3".encode(), b"ok:changed")
+        await cache.wait_until(lambda items: items[f"{prefix}3"] == "ok:changed", timeout_s=5)
+
+
 async def test_bad_record_is_skipped_and_the_watch_goes_on(etcd, namespace):
     async with await WatchCache.start(etcd, f"{namespace}/", _as_text) as cache:
         await etcd.put(f"{namespace}/bad".encode(), b"\xff garbage")

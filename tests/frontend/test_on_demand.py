@@ -153,7 +153,7 @@ async def test_a_failed_load_answers_the_worker_s_error(
     full = await _complete(frontend.http, "other")
     assert full.status_code == 429
     assert full.json()["error"]["code"] == "capacity"
-    assert "pinned, busy" in full.json()["error"]["message"]
+    assert "pinned or busy" in full.json()["error"]["message"]
     missing = await _complete(frontend.http, "ghost")
     assert missing.status_code == 424, missing.text  # adapter_load_failed, not "no such model"
     message = missing.json()["error"]["message"]

@@ -8,7 +8,7 @@ import random
 import msgspec
 
 from discovery.keys import base_card_key, instance_key, lora_card_key
-from frontend.registry import ModelRegistry, build_index
+from frontend.registry import ModelRegistry, ServedModel, build_index
 from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
 from proto.naming import lora_id, lora_slug
 
@@ -98,15 +98,26 @@ async def test_registry_kept_change_by_change_equals_a_full_rebuild(etcd, namesp
     rng = random.Random(9)
     async with await ModelRegistry.start(etcd, namespace) as registry:
         for batch in range(1, 9):
+            version = registry.version()
+            assert registry.joined(_name_bytes) is registry.joined(_name_bytes)  # kept
             for _ in range(15):
                 await _random_change(etcd, namespace, rng)
             await _caught_up(etcd, registry, namespace, batch)
             expected = build_index(registry.instance_cache.items, registry.card_cache.items)
+            assert registry.version() != version  # the marker card changed at least
             assert registry.models() == list(expected.values())
+            assert registry.names() == list(expected)
+            assert registry.first_names(2) == list(expected)[:2]
+            assert registry.count() == len(expected)
             assert registry.each(lambda served: served.name) == list(expected)
+            assert registry.joined(_name_bytes) == b",".join(name.encode() for name in expected)
             assert registry.known("robot") == any(
                 card.display_name == "robot" for card in registry.card_cache.items.values()
             )
+
+
+def _name_bytes(served: ServedModel) -> bytes:
+    return served.name.encode()
 
 
 async def _random_change(etcd, namespace: str, rng: random.Random) -> None:
@@ -136,3 +147,20 @@ async def _caught_up(etcd, registry: ModelRegistry, namespace: str, batch: int) 
                    encode_record(card))  # fmt: skip
     await _until(lambda: instance in registry.instance_cache.items.values()
                  and card in registry.card_cache.items.values())  # fmt: skip
+
+
+async def test_many_names_at_start_and_one_more_later_are_listed_in_name_order(
+    etcd, namespace
+) -> None:
+    keys = (namespace, "backend", "generate", 7)
+    await etcd.put(instance_key(*keys).encode(), encode_record(_instance(7, ns=namespace)))
+    names = [f"a{index:03d}" for index in random.Random(3).sample(range(200), 100)]
+    for name in names:
+        card_key = lora_card_key(*keys, lora_slug(name))
+        await etcd.put(card_key.encode(), encode_record(_adapter(name)))
+    async with await ModelRegistry.start(etcd, namespace) as registry:
+        assert registry.names() == sorted(names)
+        await etcd.put(lora_card_key(*keys, lora_slug("a0999")).encode(),
+                       encode_record(_adapter("a0999")))  # fmt: skip
+        await _until(lambda: "a0999" in registry.names())
+        assert registry.names() == sorted([*names, "a0999"])
