@@ -42,7 +42,7 @@ __all__ = ["main", "run"]
 REQUEST_TIMEOUT_S: Final = 90.0
 """Longer than the frontend's on-demand timeout (60 s), so a slow load shows as its error."""
 SETTLE_TIMEOUT_S: Final = 60.0
-"""Today's placement may never hold every declared copy (it ignores full slots)."""
+"""The rendezvous policy may never hold every declared copy (it ignores full slots)."""
 SETTLE_POLL_S: Final = 0.2
 LOADED_ADAPTERS: Final = "lorafleet_worker_loaded_adapters"
 TARGETS: Final = {
