@@ -1,16 +1,35 @@
-"""Prints the hf engine's figures on the demo model: build, start, adapter load, tokens per second.
+"""Prints the hf engine's figures on the demo model, beside plain ``PeftModel.generate``.
 
-Run ``python -m bench.hf_engine [--build] [--tokens N]``; nothing here is asserted.
+Run ``python -m bench.hf_engine [--build] [--tokens N] [--repeats R]``; nothing here
+is asserted. Tokens per second are measured for the engine and for the simplest
+baseline, ``PeftModel.generate(..., adapter_names=[...])`` on its own copy of the
+same weights, interleaved batch by batch so all see the same machine load: the
+same prompt, one row per request, base and adapters mixed, one model thread
+with the same torch thread count, every row generating exactly ``--tokens``.
+
+The demo model answers every prompt with eos within a few dozen greedy tokens,
+and the engine has no switch to ignore eos, so the engine samples at a high
+temperature with a seed that never meets eos (checked: a short row is an error).
+``generate`` runs twice: greedy (less work per token than sampling) and sampled at
+the same temperature, both with ``min_new_tokens`` so neither stops early.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from launch.demo_model import (
     ADAPTER_NAMES,
@@ -22,17 +41,23 @@ from launch.demo_model import (
 from proto.inference import FinalChunk, GenerateRequest, SamplingParams
 from proto.naming import lora_id
 from worker.engine import EngineConfig
+from worker.engines._hf_batch import BASE_ADAPTER
 from worker.engines.hf import HFEngine
 
 BATCH_SIZES: Final = (1, 3, 6, 12)
-# Near-uniform sampling with a seed that never meets eos, so every request runs its full length.
+PROMPT: Final = "hi"
+TEMPERATURE: Final = 100.0
+"""Near-uniform sampling: with ``_RUN_TO_LENGTH_SEED`` the engine never draws eos."""
 _RUN_TO_LENGTH_SEED: Final = 5
+CPU_THREADS: Final = 1
+"""The engine's default ``cpu_threads``; the baseline runs with the same."""
+WARMUP_TOKENS: Final = 8
 
 
 async def _one(engine: HFEngine, model: str, tokens: int, index: int) -> int:
-    sampling = SamplingParams(max_tokens=tokens, temperature=100.0, seed=_RUN_TO_LENGTH_SEED)
+    sampling = SamplingParams(max_tokens=tokens, temperature=TEMPERATURE, seed=_RUN_TO_LENGTH_SEED)
     request = GenerateRequest(
-        request_id=f"bench-{index}", model=model, prompt="hi", sampling=sampling
+        request_id=f"bench-{index}", model=model, prompt=PROMPT, sampling=sampling
     )
     async for chunk in engine.generate(request):
         if isinstance(chunk, FinalChunk):
@@ -40,16 +65,63 @@ async def _one(engine: HFEngine, model: str, tokens: int, index: int) -> int:
     return 0
 
 
-async def _throughput(engine: HFEngine, batch: int, tokens: int) -> float:
+def _models(batch: int) -> list[str]:
+    """Base, pirate, robot, base, ...: the model of each row of a batch."""
     models = [DEMO_MODEL_NAME, *ADAPTER_NAMES]
-    started = time.monotonic()
+    return [models[i % len(models)] for i in range(batch)]
+
+
+async def _engine_rate(engine: HFEngine, batch: int, tokens: int) -> float:
+    started = time.perf_counter()
     counts = await asyncio.gather(
-        *(_one(engine, models[i % len(models)], tokens, i) for i in range(batch))
+        *(_one(engine, model, tokens, i) for i, model in enumerate(_models(batch)))
     )
-    return sum(counts) / (time.monotonic() - started)
+    elapsed = time.perf_counter() - started
+    if sum(counts) != batch * tokens:
+        raise SystemExit(f"engine rows ended early ({counts}): pick another seed")
+    return sum(counts) / elapsed
 
 
-async def _bench(demo: DemoModelPaths, tokens: int) -> None:
+class Baseline:
+    """The demo model and both adapters in one PeftModel, decoded with ``generate``."""
+
+    def __init__(self, demo: DemoModelPaths) -> None:
+        torch.set_num_threads(CPU_THREADS)  # on the baseline's own thread, as the engine does
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(demo.base)
+        base = AutoModelForCausalLM.from_pretrained(demo.base, dtype=torch.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            first, *rest = ADAPTER_NAMES
+            self.model: Any = PeftModel.from_pretrained(
+                base, str(demo.adapters[first]), adapter_name=first
+            )
+            for name in rest:
+                self.model.load_adapter(str(demo.adapters[name]), adapter_name=name)
+        self.model.eval()
+
+    def rate(self, batch: int, tokens: int, sample: bool) -> float:
+        """Generated tokens per second for ``batch`` rows of ``tokens`` tokens each."""
+        started = time.perf_counter()
+        ids = torch.tensor([self.tokenizer.encode(PROMPT)] * batch)
+        names = [BASE_ADAPTER if m == DEMO_MODEL_NAME else m for m in _models(batch)]
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                adapter_names=names,
+                do_sample=sample,
+                temperature=TEMPERATURE if sample else None,
+                top_k=0 if sample else None,
+                top_p=1.0,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        generated = (out.shape[1] - ids.shape[1]) * batch
+        return generated / (time.perf_counter() - started)
+
+
+async def _bench(demo: DemoModelPaths, tokens: int, repeats: int) -> None:
     started = time.monotonic()
     config = EngineConfig(model=str(demo.base), served_model_name=DEMO_MODEL_NAME, enable_lora=True)
     engine = HFEngine(config)
@@ -59,11 +131,50 @@ async def _bench(demo: DemoModelPaths, tokens: int) -> None:
         started = time.monotonic()
         await engine.add_adapter(name, lora_id(name), demo.adapters[name])
         print(f"adapter load ({name}): {time.monotonic() - started:.3f} s")
-    await _throughput(engine, 1, 8)  # warm-up
-    for batch in BATCH_SIZES:
-        rate = await _throughput(engine, batch, tokens)
-        print(f"batch {batch:2d} (base+pirate+robot mixed): {rate:7.1f} tokens/s")
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="baseline") as thread:
+        baseline = await loop.run_in_executor(thread, Baseline, demo)
+
+        async def measure(batch: int, tokens: int) -> Rates:
+            return Rates(
+                engine=await _engine_rate(engine, batch, tokens),
+                greedy=await loop.run_in_executor(thread, baseline.rate, batch, tokens, False),
+                sampled=await loop.run_in_executor(thread, baseline.rate, batch, tokens, True),
+            )
+
+        await measure(max(BATCH_SIZES), WARMUP_TOKENS)
+        runs: dict[int, list[Rates]] = {b: [] for b in BATCH_SIZES}
+        for _ in range(repeats):
+            for batch in BATCH_SIZES:
+                runs[batch].append(await measure(batch, tokens))
     await engine.stop()
+    _report(runs, tokens)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Tokens per second of one batch size in one run: the engine, then ``generate``."""
+
+    engine: float
+    greedy: float
+    sampled: float
+
+
+def _report(runs: dict[int, list[Rates]], tokens: int) -> None:
+    """One line per batch size: medians over the runs, ratios of the paired runs' figures."""
+    repeats = len(next(iter(runs.values())))
+    print(f"{tokens} tokens per request, tokens/s, medians of {repeats} interleaved runs")
+    print("batch | engine | generate greedy | ratio | generate sampled | ratio")
+    for batch, rates in runs.items():
+        engine = statistics.median(r.engine for r in rates)
+        greedy = statistics.median(r.greedy for r in rates)
+        sampled = statistics.median(r.sampled for r in rates)
+        vs_greedy = statistics.median(r.engine / r.greedy for r in rates)
+        vs_sampled = statistics.median(r.engine / r.sampled for r in rates)
+        print(
+            f"{batch:5d} | {engine:6.0f} | {greedy:15.0f} | {vs_greedy:4.2f}x "
+            f"| {sampled:16.0f} | {vs_sampled:4.2f}x"
+        )
 
 
 def main() -> None:
@@ -71,13 +182,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.hf_engine", description=__doc__)
     parser.add_argument("--build", action="store_true", help="time a fresh build too")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per request")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per batch size")
     args = parser.parse_args()
     if args.build:
         with tempfile.TemporaryDirectory() as scratch:
             started = time.monotonic()
             build_demo_model(Path(scratch) / "demo")
             print(f"demo model build: {time.monotonic() - started:.1f} s")
-    asyncio.run(_bench(ensure_demo_model(), args.tokens))
+    asyncio.run(_bench(ensure_demo_model(), args.tokens, args.repeats))
 
 
 if __name__ == "__main__":
