@@ -10,11 +10,9 @@ peft's ``adapter_names``.
 from __future__ import annotations
 
 import enum
-import functools
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import torch
 from transformers import DynamicCache
@@ -35,7 +33,10 @@ __all__ = [
 BASE_ADAPTER: Final = "__base__"
 """The name peft's mixed-batch inference gives rows that use no adapter."""
 
-ModelFn = Callable[..., Any]
+Forward = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, list[str]], torch.Tensor
+]
+"""``ModelHost.forward``: (ids, mask, positions, cache, each row's adapter) to logits."""
 TokenScores = tuple[float, list[tuple[int, float]]]
 """A generated token's log probability and its likeliest alternatives as (id, log probability)."""
 
@@ -115,7 +116,7 @@ class DecodeBatch:
         self._mask = torch.zeros((0, 0), dtype=torch.long, device=device)
         self._last = torch.zeros((0,), dtype=torch.long, device=device)
 
-    def step(self, model: ModelFn, admit: Sequence[Row], drop: Sequence[Row]) -> list[int]:
+    def step(self, model: Forward, admit: Sequence[Row], drop: Sequence[Row]) -> list[int]:
         """Drop ``drop``, decode one token per kept row, then prefill ``admit``.
 
         Returns one new token per row of :attr:`rows` (kept rows first, then admitted).
@@ -150,14 +151,16 @@ class DecodeBatch:
         self._mask = self._mask[:0, :0]
         self._last = self._last[:0]
 
-    def _decode(self, model: ModelFn) -> list[int]:
+    def _decode(self, model: Forward) -> list[int]:
+        assert self._cache is not None
         ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self._device)
         self._mask = torch.cat([self._mask, ones], dim=1)
         positions = self._mask.sum(-1, keepdim=True) - 1
-        logits = _forward(model, self._last[:, None], self._mask, positions, self._cache, self.rows)
+        ids = self._last[:, None]
+        logits = model(ids, self._mask, positions, self._cache, _adapters(self.rows))
         return self._sample(logits, self.rows, into=0)
 
-    def _prefill(self, model: ModelFn, rows: list[Row]) -> list[int]:
+    def _prefill(self, model: Forward, rows: list[Row]) -> list[int]:
         width = max(len(row.prompt_ids) for row in rows)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -167,7 +170,7 @@ class DecodeBatch:
         ids, mask = ids.to(self._device), mask.to(self._device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = _forward(model, ids, mask, positions, cache, rows)
+        logits = model(ids, mask, positions, cache, _adapters(rows))
         # Padding columns hold garbage (maybe NaN); zero them so merged rows never see it.
         cache = _rebuild(cache, lambda t: torch.where(mask[:, None, :, None] > 0, t, 0))
         self._merge(cache, mask, rows)
@@ -197,36 +200,8 @@ class DecodeBatch:
         return tokens
 
 
-def _forward(
-    model: ModelFn,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    positions: torch.Tensor,
-    cache: DynamicCache | None,
-    rows: Sequence[Row],
-) -> torch.Tensor:
-    """One forward pass returning the last position's logits; adds adapter names for peft."""
-    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kwargs: dict[str, Any] = {_cache_kwarg(type(base).forward): cache}
-    if hasattr(model, "peft_config"):
-        kwargs["adapter_names"] = [row.adapter for row in rows]
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **kwargs,
-    )
-    logits: torch.Tensor = out.logits
-    return logits
-
-
-@functools.cache
-def _cache_kwarg(forward: Callable[..., Any]) -> str:
-    """``cache`` in recent transformers, ``past_key_values`` before it (per model class)."""
-    params = inspect.signature(forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+def _adapters(rows: Sequence[Row]) -> list[str]:
+    return [row.adapter for row in rows]
 
 
 def _layers(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:

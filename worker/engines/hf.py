@@ -205,7 +205,7 @@ class HFEngine(AdapterEngine):
                 self._observe_queue_time(request)
         self._running += admit  # the batch's row order: kept rows, then admitted ones
         rows = [r.row for r in admit]
-        tokens = await self._on_model_thread(lambda: batch.step(host.model, rows, dropped))
+        tokens = await self._on_model_thread(lambda: batch.step(host.forward, rows, dropped))
         self._peak_batch = max(self._peak_batch, len(tokens))
         self._tokens_total += len(tokens)
         for request, token in zip(self._running, tokens, strict=True):
