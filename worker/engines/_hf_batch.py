@@ -3,6 +3,8 @@
 Runs only on the engine's model thread. Each :meth:`DecodeBatch.step` drops
 finished rows, decodes one token for every running row, prefills newly
 admitted rows and merges them in, so requests join and leave at any step.
+A row knows itself when it is finished (eos or its token budget), so the model
+thread can step on without waiting for the event loop to read its tokens.
 Rows of different adapters (and the base model) share the batch through
 peft's ``adapter_names``.
 """
@@ -42,10 +44,9 @@ TokenScores = tuple[float, list[tuple[int, float]]]
 
 
 class RowState(enum.Enum):
-    """Where a request is: waiting for a slot, generating, or done (finished or cancelled)."""
+    """Where a request is: live (waiting or generating), or done (finished, failed, cancelled)."""
 
-    WAITING = "waiting"
-    RUNNING = "running"
+    LIVE = "live"
     DONE = "done"
 
 
@@ -55,12 +56,23 @@ class Row:
 
     prompt_ids: list[int]
     params: SamplingParams
+    budget: int
+    """How many tokens the row may generate."""
     adapter: str = BASE_ADAPTER
     generator: torch.Generator | None = None
-    state: RowState = RowState.WAITING
+    state: RowState = RowState.LIVE
+    """Set to DONE by the event loop: the request ended (stop string, cancel, failure)."""
     output_ids: list[int] = field(default_factory=list)
+    """Appended by the model thread, maybe a step ahead of what the request has read."""
     scores: list[TokenScores] = field(default_factory=list)
     """One entry per output token when ``params.logprobs`` is set, else empty."""
+    finished: bool = False
+    """Set by the model thread: the last token was eos or used up the budget."""
+
+    @property
+    def spent(self) -> bool:
+        """Nothing more to generate: finished here or ended by the event loop."""
+        return self.finished or self.state is RowState.DONE
 
 
 def penalise(logits: torch.Tensor, params: SamplingParams, row: Row) -> torch.Tensor:
@@ -108,8 +120,9 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
 class DecodeBatch:
     """Rows generating together; cache and mask are left-padded so every row ends at column T."""
 
-    def __init__(self, device: torch.device, pad_id: int) -> None:
+    def __init__(self, device: torch.device, pad_id: int, eos_ids: frozenset[int]) -> None:
         self.rows: list[Row] = []
+        self._eos_ids = eos_ids
         self._device = device
         self._pad_id = pad_id
         self._cache: DynamicCache | None = None
@@ -195,6 +208,8 @@ class DecodeBatch:
             token = sample_token(penalise(row_logits, row.params, row), row.params, row.generator)
             if row.params.logprobs is not None:
                 row.scores.append(_scores(row_logits, token, row.params.logprobs))
+            row.output_ids.append(token)
+            row.finished = token in self._eos_ids or len(row.output_ids) >= row.budget
             tokens.append(token)
         self._last[into : into + len(rows)] = torch.tensor(tokens, device=self._device)
         return tokens

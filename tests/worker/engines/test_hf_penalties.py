@@ -10,7 +10,7 @@ from worker.engines._hf_batch import Row, penalise, sample_token
 
 
 def _row(prompt: list[int], output: list[int], **sampling: float) -> Row:
-    return Row(prompt_ids=prompt, params=SamplingParams(**sampling), output_ids=output)
+    return Row(prompt_ids=prompt, params=SamplingParams(**sampling), budget=16, output_ids=output)
 
 
 def test_no_penalty_leaves_the_logits_alone() -> None:
