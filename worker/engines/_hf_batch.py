@@ -28,6 +28,7 @@ __all__ = [
     "Row",
     "RowState",
     "TokenScores",
+    "draw_plain",
     "penalise",
     "sample_token",
 ]
@@ -84,7 +85,7 @@ def penalise(logits: torch.Tensor, params: SamplingParams, row: Row) -> torch.Te
     repetition, presence, frequency = (
         params.repetition_penalty, params.presence_penalty, params.frequency_penalty
     )  # fmt: skip
-    if repetition == 1.0 and not (row.output_ids and (presence or frequency)):
+    if not _penalised(params, row):
         return logits
     logits = logits.clone()
     if repetition != 1.0:
@@ -96,6 +97,37 @@ def penalise(logits: torch.Tensor, params: SamplingParams, row: Row) -> torch.Te
         ids, counts = torch.unique(generated, return_counts=True)
         logits[ids] -= frequency * counts.to(logits.dtype) + presence
     return logits
+
+
+def _penalised(params: SamplingParams, row: Row) -> bool:
+    """Whether :func:`penalise` changes this row's logits now."""
+    presence, frequency = params.presence_penalty, params.frequency_penalty
+    return params.repetition_penalty != 1.0 or bool(row.output_ids and (presence or frequency))
+
+
+def draw_plain(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
+    """The next token of every row without penalties or top-p, all at once; None for the rest.
+
+    ``logits``: [rows, vocabulary]. Greedy rows take the argmax. Sampled rows invert the
+    cumulative softmax at one uniform draw from their own generator: as reproducible per
+    seed as :func:`sample_token`'s multinomial, but with one small tensor op per row
+    instead of four, which cost a sampled batch of 12 a tenth of its step.
+    """
+    tokens: list[int | None] = [None] * len(rows)
+    plain = [i for i, r in enumerate(rows) if r.params.top_p >= 1.0 and not _penalised(r.params, r)]
+    greedy = [i for i in plain if rows[i].params.temperature <= 0]
+    sampled = [i for i in plain if rows[i].params.temperature > 0]
+    if greedy:
+        for i, token in zip(greedy, logits[greedy].argmax(-1).tolist(), strict=True):
+            tokens[i] = token
+    if sampled:
+        temperatures = torch.tensor([[rows[i].params.temperature] for i in sampled])
+        cdf = torch.softmax(logits[sampled] / temperatures, dim=-1).cumsum(-1)
+        draws = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
+        picks = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)
+        for i, token in zip(sampled, picks.tolist(), strict=True):
+            tokens[i] = token
+    return tokens
 
 
 def _scores(logits: torch.Tensor, token: int, top: int) -> TokenScores:
@@ -204,10 +236,15 @@ class DecodeBatch:
     def _sample(self, logits: torch.Tensor, rows: list[Row], into: int) -> list[int]:
         last = logits[:, -1].float().cpu()
         tokens = []
-        for row, row_logits in zip(rows, last, strict=True):
-            token = sample_token(penalise(row_logits, row.params, row), row.params, row.generator)
-            if row.params.logprobs is not None:
-                row.scores.append(_scores(row_logits, token, row.params.logprobs))
+        for row, row_logits, plain in zip(rows, last, draw_plain(last, rows), strict=True):
+            params = row.params
+            token = (
+                plain
+                if plain is not None
+                else sample_token(penalise(row_logits, params, row), params, row.generator)
+            )
+            if params.logprobs is not None:
+                row.scores.append(_scores(row_logits, token, params.logprobs))
             row.output_ids.append(token)
             row.finished = token in self._eos_ids or len(row.output_ids) >= row.budget
             tokens.append(token)

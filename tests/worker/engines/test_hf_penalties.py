@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from proto.inference import SamplingParams
-from worker.engines._hf_batch import Row, penalise, sample_token
+from worker.engines._hf_batch import Row, draw_plain, penalise, sample_token
 
 
 def _row(prompt: list[int], output: list[int], **sampling: float) -> Row:
@@ -38,3 +40,28 @@ def test_a_penalty_can_change_the_greedy_choice() -> None:
     row = _row([0], [1], temperature=0.0, frequency_penalty=1.0)
     assert sample_token(logits, row.params, None) == 1
     assert sample_token(penalise(logits, row.params, row), row.params, None) == 2
+
+
+def test_rows_without_penalties_or_top_p_are_drawn_together_and_the_rest_left() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.5], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    rows = [
+        _row([0], [], temperature=0.0),
+        _row([0], [], temperature=1.0),
+        _row([0], [], temperature=1.0, top_p=0.5),
+    ]
+    tokens = draw_plain(logits, rows)
+    assert tokens[0] == 1 and tokens[1] in (0, 1, 2) and tokens[2] is None
+
+
+def test_a_seeded_draw_repeats_and_never_picks_an_impossible_token() -> None:
+    logits = torch.tensor([[-math.inf, 0.0, -math.inf, 0.0]] * 4)
+
+    def draws(seed: int) -> list[int | None]:
+        rows = [_row([0], [], temperature=1.0) for _ in range(4)]
+        for row in rows:
+            row.generator = torch.Generator().manual_seed(seed)
+        return [t for _ in range(50) for t in draw_plain(logits, rows)]
+
+    first = draws(7)
+    assert first == draws(7)
+    assert set(first) == {1, 3}  # both possible tokens come up, impossible ones never
