@@ -12,6 +12,7 @@ peft's ``adapter_names``.
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -60,7 +61,8 @@ class Row:
     budget: int
     """How many tokens the row may generate."""
     adapter: str = BASE_ADAPTER
-    generator: torch.Generator | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    """The row's own uniform draws, one per sampled token: seeded, so a seed repeats."""
     state: RowState = RowState.LIVE
     """Set to DONE by the event loop: the request ended (stop string, cancel, failure)."""
     output_ids: list[int] = field(default_factory=list)
@@ -109,9 +111,8 @@ def draw_plain(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
     """The next token of every row without penalties or top-p, all at once; None for the rest.
 
     ``logits``: [rows, vocabulary]. Greedy rows take the argmax. Sampled rows invert the
-    cumulative softmax at one uniform draw from their own generator: as reproducible per
-    seed as :func:`sample_token`'s multinomial, but with one small tensor op per row
-    instead of four, which cost a sampled batch of 12 a tenth of its step.
+    cumulative softmax at one uniform draw of their own ``rng``, as :func:`sample_token`
+    does for one row: a sampled batch of 12 spent a tenth of its step in per-row ops.
     """
     tokens: list[int | None] = [None] * len(rows)
     plain = [i for i, r in enumerate(rows) if r.params.top_p >= 1.0 and not _penalised(r.params, r)]
@@ -123,9 +124,8 @@ def draw_plain(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
     if sampled:
         temperatures = torch.tensor([[rows[i].params.temperature] for i in sampled])
         cdf = torch.softmax(logits[sampled] / temperatures, dim=-1).cumsum(-1)
-        draws = torch.cat([torch.rand(1, generator=rows[i].generator) for i in sampled])
-        picks = (cdf < draws[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)
-        for i, token in zip(sampled, picks.tolist(), strict=True):
+        draws = torch.tensor([[rows[i].rng.random()] for i in sampled])
+        for i, token in zip(sampled, _invert(cdf, draws).tolist(), strict=True):
             tokens[i] = token
     return tokens
 
@@ -137,16 +137,23 @@ def _scores(logits: torch.Tensor, token: int, top: int) -> TokenScores:
     return float(logprobs[token]), [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+def _invert(cdf: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index where the (unnormalised) ``cdf`` reaches ``draws`` (in [0, 1))."""
+    picks = (cdf < draws * cdf[..., -1:]).sum(-1)
+    return picks.clamp(max=cdf.shape[-1] - 1)
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, rng: random.Random) -> int:
     """Pick the next token from one row's logits: greedy at temperature 0, else top-p sampling."""
     if params.temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    draw = torch.tensor([rng.random()])
     if params.top_p >= 1.0:
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return int(_invert(probs.cumsum(-1), draw))
     sorted_probs, order = probs.sort(descending=True)
     kept = sorted_probs * ((sorted_probs.cumsum(-1) - sorted_probs) < params.top_p)
-    return int(order[torch.multinomial(kept, 1, generator=gen)])
+    return int(order[_invert(kept.cumsum(-1), draw)])
 
 
 class DecodeBatch:
@@ -241,7 +248,7 @@ class DecodeBatch:
             token = (
                 plain
                 if plain is not None
-                else sample_token(penalise(row_logits, params, row), params, row.generator)
+                else sample_token(penalise(row_logits, params, row), params, row.rng)
             )
             if params.logprobs is not None:
                 row.scores.append(_scores(row_logits, token, params.logprobs))

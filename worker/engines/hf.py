@@ -3,12 +3,13 @@
 One model thread owns the model and a ``DecodeBatch``: it steps the batch for
 as long as requests wait or run, and between steps runs the jobs the event
 loop hands it (model load, adapter add and remove). It never waits for the
-event loop: each step's tokens go to the loop with one ``call_soon_threadsafe``
-and the next step starts at once. A row ends on the model thread at eos or its
-budget, and on the loop at a stop string or cancel (the model thread drops it
-at its next step, so such a row may compute one token nobody reads). Waiting a
-round trip through the event loop per step cost the engine a third of its speed
-on a busy machine.
+event loop: each step's tokens join a queue the loop drains (one
+``call_soon_threadsafe`` wakes it unless a drain is already due), and the next
+step starts at once. A row ends on the model thread at eos or its budget, and
+on the loop at a stop string or cancel (the model thread drops it at its next
+step, so such a row may compute a token nobody reads). A round trip through
+the event loop per step cost the engine a third of its speed on a busy machine.
+
 LoRA bookkeeping (locks, cards, rollback, eviction) is not done here but in
 ``worker.lora_controller`` (through ``AdapterEngine``), which calls
 :meth:`HFEngine.add_adapter` and :meth:`HFEngine.remove_adapter`.
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import structlog
-import torch
 
 from proto.errors import (
     InvalidRequestError,
@@ -85,6 +85,10 @@ class HFEngine(AdapterEngine):
         """Appended by the event loop, taken by the model thread."""
         self._running: list[InFlight] = []
         """The batch's rows in order: replaced, never changed in place, by the model thread."""
+        self._stepped: deque[tuple[list[tuple[InFlight, int]], frozenset[int]]] = deque()
+        """Each step's (request, token) pairs and the eos ids, until the event loop reads them."""
+        self._drain_due = False
+        """Whether a :meth:`_drain` is scheduled on the event loop and has not started."""
         self._adapters: dict[str, Adapter] = {}
         self._peak_batch = 0
         self._tokens_total = 0
@@ -176,8 +180,7 @@ class HFEngine(AdapterEngine):
         sampling = request.sampling
         budget = min(sampling.max_tokens, context - len(ids))
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
-        generator = torch.Generator().manual_seed(seed)
-        row = Row(prompt_ids=ids, params=sampling, budget=budget, generator=generator)
+        row = Row(prompt_ids=ids, params=sampling, budget=budget, rng=random.Random(seed))
         row.adapter = adapter.key if adapter else BASE_ADAPTER
         pending = InFlight(
             request_id=request.request_id,
@@ -227,8 +230,18 @@ class HFEngine(AdapterEngine):
             loop.call_soon_threadsafe(_fail, failed, error)
             return
         assert self._host is not None
-        pairs = list(zip(self._running, tokens, strict=True))
-        loop.call_soon_threadsafe(_deliver, pairs, self._host.eos_ids)
+        self._stepped.append((list(zip(self._running, tokens, strict=True)), self._host.eos_ids))
+        if not self._drain_due:  # else the loop has not yet run the drain it was handed
+            self._drain_due = True
+            loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        """On the event loop: hand each request its tokens of every step not yet read."""
+        self._drain_due = False  # first: a step appended from now on schedules a new drain
+        while self._stepped:
+            tokens, eos_ids = self._stepped.popleft()
+            for request, token in tokens:
+                request.deliver(token, eos_ids)
 
     def _step_batch(self) -> list[int]:
         """Drop spent rows, admit waiting ones, step: one new token per running row."""
@@ -315,12 +328,6 @@ def _take_all(waiting: deque[InFlight]) -> list[InFlight]:
     while waiting:
         taken.append(waiting.popleft())
     return taken
-
-
-def _deliver(tokens: list[tuple[InFlight, int]], eos_ids: frozenset[int]) -> None:
-    """On the event loop: hand each request its token of one step."""
-    for request, token in tokens:
-        request.deliver(token, eos_ids)
 
 
 def _fail(requests: list[InFlight], error: LorafleetError) -> None:
