@@ -52,15 +52,16 @@ from worker.engines.hf import HFEngine
 BATCH_SIZES: Final = (1, 3, 6, 12)
 PROMPT: Final = "hi"
 TEMPERATURE: Final = 100.0
-"""Near-uniform sampling: with ``_RUN_TO_LENGTH_SEED`` the engine never draws eos."""
-_RUN_TO_LENGTH_SEED: Final = 2
+"""Near-uniform sampling: with ``RUN_TO_LENGTH_SEED`` the engine never draws eos."""
+RUN_TO_LENGTH_SEED: Final = 2
+"""Runs 400 tokens on this engine's sampler (a short row stops the bench: try ``--seed``)."""
 CPU_THREADS: Final = 1
 """The engine's default ``cpu_threads``; the baseline runs with the same."""
 WARMUP_TOKENS: Final = 8
 
 
-async def _one(engine: HFEngine, model: str, tokens: int, index: int) -> int:
-    sampling = SamplingParams(max_tokens=tokens, temperature=TEMPERATURE, seed=_RUN_TO_LENGTH_SEED)
+async def _one(engine: HFEngine, model: str, tokens: int, seed: int, index: int) -> int:
+    sampling = SamplingParams(max_tokens=tokens, temperature=TEMPERATURE, seed=seed)
     request = GenerateRequest(
         request_id=f"bench-{index}", model=model, prompt=PROMPT, sampling=sampling
     )
@@ -95,14 +96,14 @@ class _Clock:
         return Rate(wall=generated / wall, cpu=generated / cpu)
 
 
-async def _engine_rate(engine: HFEngine, batch: int, tokens: int) -> Rate:
+async def _engine_rate(engine: HFEngine, batch: int, tokens: int, seed: int) -> Rate:
     clock = _Clock()
     counts = await asyncio.gather(
-        *(_one(engine, model, tokens, i) for i, model in enumerate(_models(batch)))
+        *(_one(engine, model, tokens, seed, i) for i, model in enumerate(_models(batch)))
     )
     rate = clock.rate(sum(counts))
     if sum(counts) != batch * tokens:
-        raise SystemExit(f"engine rows ended early ({counts}): pick another seed")
+        raise SystemExit(f"engine rows ended early ({counts}): pick another --seed")
     return rate
 
 
@@ -144,7 +145,7 @@ class Baseline:
         return clock.rate((out.shape[1] - ids.shape[1]) * batch)
 
 
-async def _bench(demo: DemoModelPaths, tokens: int, repeats: int) -> None:
+async def _bench(demo: DemoModelPaths, tokens: int, repeats: int, seed: int) -> None:
     started = time.monotonic()
     config = EngineConfig(model=str(demo.base), served_model_name=DEMO_MODEL_NAME, enable_lora=True)
     engine = HFEngine(config)
@@ -160,7 +161,7 @@ async def _bench(demo: DemoModelPaths, tokens: int, repeats: int) -> None:
 
         async def measure(batch: int, tokens: int) -> Rates:
             return Rates(
-                engine=await _engine_rate(engine, batch, tokens),
+                engine=await _engine_rate(engine, batch, tokens, seed),
                 greedy=await loop.run_in_executor(thread, baseline.rate, batch, tokens, False),
                 sampled=await loop.run_in_executor(thread, baseline.rate, batch, tokens, True),
             )
@@ -209,13 +210,14 @@ def main() -> None:
     parser.add_argument("--build", action="store_true", help="time a fresh build too")
     parser.add_argument("--tokens", type=int, default=128, help="tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per batch size")
+    parser.add_argument("--seed", type=int, default=RUN_TO_LENGTH_SEED, help="the engine's seed")
     args = parser.parse_args()
     if args.build:
         with tempfile.TemporaryDirectory() as scratch:
             started = time.monotonic()
             build_demo_model(Path(scratch) / "demo")
             print(f"demo model build: {time.monotonic() - started:.1f} s")
-    asyncio.run(_bench(ensure_demo_model(), args.tokens, args.repeats))
+    asyncio.run(_bench(ensure_demo_model(), args.tokens, args.repeats, args.seed))
 
 
 if __name__ == "__main__":
