@@ -139,7 +139,7 @@ def _scores(logits: torch.Tensor, token: int, top: int) -> TokenScores:
 
 def _invert(cdf: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
     """Per row, the first index where the (unnormalised) ``cdf`` reaches ``draws`` (in [0, 1))."""
-    picks = (cdf < draws * cdf[..., -1:]).sum(-1)
+    picks = torch.searchsorted(cdf, draws * cdf[..., -1:]).squeeze(-1)
     return picks.clamp(max=cdf.shape[-1] - 1)
 
 
