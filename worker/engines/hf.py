@@ -95,6 +95,8 @@ class HFEngine(AdapterEngine):
 
     async def _on_model_thread(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` on the one thread that touches the model, between two steps."""
+        if self.state is EngineState.STOPPED:  # its thread ran its last job, or soon will
+            raise UnavailableError(f"hf engine for {self.config.model_name} stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
 
