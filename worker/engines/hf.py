@@ -89,6 +89,8 @@ class HFEngine(AdapterEngine):
         """Each step's (request, token) pairs and the eos ids, until the event loop reads them."""
         self._drain_due = False
         """Whether a :meth:`_drain` is scheduled on the event loop and has not started."""
+        self._wake_due = False
+        """Whether a :meth:`_wake_model` is scheduled on the event loop and has not run."""
         self._adapters: dict[str, Adapter] = {}
         self._peak_batch = 0
         self._tokens_total = 0
@@ -203,8 +205,19 @@ class HFEngine(AdapterEngine):
             )
         check_sampling(request.request_id, sampling)
         self._waiting.append(pending)
-        self._jobs.put(_nothing)  # wakes the model thread if it sleeps
+        if not self._wake_due:  # once per loop iteration: requests sent together start together
+            self._wake_due = True
+            asyncio.get_running_loop().call_soon(self._wake_model)
         return pending
+
+    def _wake_model(self) -> None:
+        """Wake the model thread if it sleeps: it takes every request that waits by now.
+
+        Woken at the first of them, it would prefill that one alone and the rest a step
+        later, left-padded: every step after that pays for a full attention mask.
+        """
+        self._wake_due = False
+        self._jobs.put(_nothing)
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """The model thread: run jobs as they come; step while requests wait or run."""
