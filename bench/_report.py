@@ -101,7 +101,7 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain text table, columns right-aligned."""
     cells = [[_cell(value) for value in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)
@@ -142,13 +142,15 @@ Results = dict[str, Any]
 
 def run_benchmark(
     parser: argparse.ArgumentParser,
-    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results]],
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results] | Results],
     text: Callable[[Results, argparse.Namespace], str],
     argv: Sequence[str] | None,
 ) -> int:
-    """Every benchmark's ``main``: parse ``argv``, run, print the table and ``--json``."""
+    """Every benchmark's ``main``: parse ``argv``, run (a coroutine function, or a plain one
+    for benchmarks without servers), print the table and ``--json``."""
     args = parser.parse_args(argv)
-    results = run_async(run(args))
+    outcome = run(args)
+    results = run_async(outcome) if isinstance(outcome, Coroutine) else outcome
     emit(results, text(results, args), args.json)
     return 0
 
@@ -161,7 +163,7 @@ class BenchmarkMain(Protocol):
 
 def benchmark_main(
     build_parser: Callable[[], argparse.ArgumentParser],
-    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results]],
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, Results] | Results],
     text: Callable[[Results, argparse.Namespace], str],
 ) -> BenchmarkMain:
     """The ``main`` of a benchmark module: parse, run, print the table and ``--json``.

@@ -12,12 +12,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 
-from bench._report import add_output_flags, emit, machine, percentile, table
+from bench._report import add_output_flags, benchmark_main, machine, percentile, table
 from proto.errors import InvalidRequestError
 from proto.limits import MAX_JSON_DEPTH, check_json_depth
 
@@ -100,12 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measure and print."""
-    args = build_parser().parse_args(argv)
-    results = run(args)
-    emit(results, _text(results), args.json)
-    return 0
+main: Final = benchmark_main(build_parser, run, lambda results, _: _text(results))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ import argparse
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
-from bench._report import add_output_flags, emit, machine, percentile, table
+from bench._report import add_output_flags, benchmark_main, machine, percentile, table
 from proto.placement import RendezvousCache, plan_copies
 
 Plan = dict[str, list[int]]
@@ -107,12 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measure and print."""
-    args = build_parser().parse_args(argv)
-    results = run(args)
-    emit(results, _text(results), args.json)
-    return 0
+main: Final = benchmark_main(build_parser, run, lambda results, _: _text(results))
 
 
 if __name__ == "__main__":

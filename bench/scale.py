@@ -16,7 +16,6 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any, Final
 
 import structlog
@@ -24,7 +23,7 @@ import structlog
 from bench._adapters import FrontendModels, models_latency
 from bench._cluster import BenchCluster, Service
 from bench._fleet import SimulatedFleet
-from bench._report import add_output_flags, machine, ms, run_benchmark, table
+from bench._report import add_output_flags, benchmark_main, machine, ms, table
 from bench._scale_probes import (
     Cards,
     churn,
@@ -235,9 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark and print (and optionally write) its figures."""
-    return run_benchmark(build_parser(), run, _text, argv)
+main: Final = benchmark_main(build_parser, run, _text)
 
 
 if __name__ == "__main__":

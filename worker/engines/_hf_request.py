@@ -1,7 +1,9 @@
 """One request in the hf engine: its prompt tokens, batch row, text stream and outgoing chunks.
 
 Lives on the event loop; turns each new token into ``TokenChunk``s and a
-closing ``FinalChunk`` (or an error) that the caller's stream reads.
+closing ``FinalChunk`` (or an error) that the caller's stream reads. The
+model thread may already have appended later tokens to the row: only the
+first ``delivered`` of them are this request's so far.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class InFlight:
     tokenizer: Any = None
     """Names tokens in log probabilities (only needed when the request asks for them)."""
     outbox: asyncio.Queue[Outcome] = field(default_factory=asyncio.Queue)
+    delivered: int = 0
+    """How many of the row's output tokens this request has taken."""
     unsent_tokens: int = 0
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -84,9 +88,9 @@ class InFlight:
 
     def deliver(self, token: int, eos_ids: Collection[int]) -> None:
         """Take one new token; finish on eos, a stop string or ``max_new_tokens``."""
-        if self.row.state is not RowState.RUNNING:
+        if self.done:
             return
-        self.row.output_ids.append(token)
+        self.delivered += 1
         self.unsent_tokens += 1
         if token in eos_ids:
             self._finish("stop", self.text.flush())
@@ -94,7 +98,7 @@ class InFlight:
         text = self.text.push(token)
         if self.text.stopped:
             self._finish("stop", text)
-        elif len(self.row.output_ids) >= self.max_new_tokens:
+        elif self.delivered >= self.max_new_tokens:
             self._finish("length", text + self.text.flush())
         elif text:
             self._send(text)
@@ -110,7 +114,7 @@ class InFlight:
         self._finish("length", "")
 
     def _send(self, text: str) -> None:
-        ids = self.row.output_ids[len(self.row.output_ids) - self.unsent_tokens :]
+        ids = self.row.output_ids[self.delivered - self.unsent_tokens : self.delivered]
         logprobs = self._logprobs(ids)
         chunk = TokenChunk(text=text, tokens=self.unsent_tokens, token_ids=ids, logprobs=logprobs)
         self.outbox.put_nowait(chunk)
@@ -120,7 +124,7 @@ class InFlight:
         """The log probabilities of ``ids``, the newest output tokens, if the row scored them."""
         if self.row.params.logprobs is None:
             return []
-        scores = self.row.scores[len(self.row.scores) - len(ids) :]
+        scores = self.row.scores[self.delivered - len(ids) : self.delivered]
         return [
             TokenLogprob(
                 token=self._token(token_id),
@@ -136,6 +140,6 @@ class InFlight:
     def _finish(self, reason: FinishReason, text: str) -> None:
         if text:
             self._send(text)
-        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=len(self.row.output_ids))
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.delivered)
         self.outbox.put_nowait(FinalChunk(finish_reason=reason, usage=usage))
         self.row.state = RowState.DONE

@@ -26,6 +26,12 @@ class TextStream:
         the state (held-back text, decode offsets) and every later delta are the same.
         """
         self._tokenizer = tokenizer
+        # The Rust tokenizer's own decode: the transformers wrapper around it took two
+        # thirds of every decode, and this runs twice per token on the event loop. Only
+        # where the wrapper adds nothing (no clean-up of spaces).
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        clean_up = getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        self._backend_decode = backend.decode if backend is not None and not clean_up else None
         self._stop = [s for s in stop if s]
         self._ids: list[int] = []
         self._prefix_offset = 0
@@ -54,6 +60,8 @@ class TextStream:
         return self._take(len(self._text))
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return str(self._backend_decode(ids, skip_special_tokens=True))
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
 
     def _pending(self) -> str:

@@ -26,9 +26,9 @@ from worker.engines.hf import HFEngine
 
 PERSONAS: Final = {"base": DEMO_MODEL_NAME, "pirate": "pirate", "robot": "robot"}
 # Near-uniform sampling that, with this seed, runs to max_tokens without an eos
-# (checked on torch 2.13 CPU); if another torch build ends it early the tests
-# below still pass, they only prove less.
-LONG: Final = SamplingParams(max_tokens=400, temperature=100.0, seed=5)
+# (checked on torch 2.13 CPU, for every persona); if another build ends it early
+# the tests below still pass, they only prove less.
+LONG: Final = SamplingParams(max_tokens=400, temperature=100.0, seed=2)
 
 
 @contextlib.asynccontextmanager
@@ -121,6 +121,15 @@ async def test_stop_string_cuts_the_answer_before_it(engine: HFEngine) -> None:
     text, final = await answer(engine, chat(DEMO_MODEL_NAME, stop=["tiny", "zzz"]))
     assert text == EXPECTED["base"][: EXPECTED["base"].index("tiny")]
     assert final.finish_reason == "stop"
+
+
+async def test_stop_string_usage_counts_the_tokens_up_to_the_stop(engine: HFEngine) -> None:
+    # Up to the token that completes the stop string, not any the model thread ran ahead to.
+    tokenizer = engine._host.tokenizer  # type: ignore[union-attr]
+    _, final = await answer(engine, chat(DEMO_MODEL_NAME, stop=["tiny"]))
+    ids = tokenizer.encode(EXPECTED["base"])
+    upto = next(k for k in range(1, len(ids) + 1) if "tiny" in tokenizer.decode(ids[:k]))
+    assert final.usage.completion_tokens == upto
 
 
 async def test_prompt_request_is_raw_text(engine: HFEngine) -> None:
