@@ -16,11 +16,19 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["HttpConnection", "HttpResponse", "build_request", "http_get_json", "http_once"]
+__all__ = [
+    "HttpConnection",
+    "HttpResponse",
+    "build_request",
+    "complete_stream",
+    "http_get_json",
+    "http_once",
+]
 
 _TOKEN_EVENT: Final = re.compile(rb'"(?:content|text)":"[^"]')
 """An SSE event carrying generated text (the chat opening frame has empty content)."""
 _STREAM_LIMIT_BYTES: Final = 1 << 24
+_DONE: Final = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -30,6 +38,12 @@ class HttpResponse:
     status: int
     body: bytes
     first_token_at: float | None = None
+
+
+def complete_stream(response: HttpResponse) -> bool:
+    """Whether an SSE answer succeeded: HTTP 200, no error event, ended by ``[DONE]``."""
+    body = response.body
+    return response.status == 200 and body.endswith(_DONE) and b'{"error"' not in body
 
 
 def build_request(method: str, host: str, port: int, path: str, body: object = None) -> bytes:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from bench._cluster import BenchCluster, Service
-from bench._http import HttpConnection, build_request
+from bench._http import HttpConnection, build_request, complete_stream
 from bench._load import Call, Outcome, Session, StepResult, run_step
 from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
 from discovery.nats_connection import NatsConnection
@@ -42,7 +42,6 @@ MAX_TOKENS: Final = 4
 NATS_REPLY_TIMEOUT_S: Final = 10.0
 MODES: Final = ("chat", "chat-stream", "nats")
 """``chat``: whole answers via the frontend; ``chat-stream``: SSE; ``nats``: no frontend."""
-_DONE: Final = b"data: [DONE]\n\n"
 
 
 def _chat_body(stream: bool) -> dict[str, Any]:
@@ -63,9 +62,7 @@ def http_session(port: int, *, stream: bool) -> Session:
 
         async def call() -> Outcome:
             response = await connection.request(raw, watch_tokens=stream)
-            ok = response.status == 200
-            if stream:
-                ok = ok and response.body.endswith(_DONE) and b'{"error"' not in response.body
+            ok = complete_stream(response) if stream else response.status == 200
             return Outcome(ok, response.first_token_at)
 
         return call, connection.close

@@ -101,3 +101,35 @@ def test_scale_reports_every_figure_for_a_tiny_fleet_under_churn(tmp_path: Path)
                    "lag_p99_ms", "revisions_per_s", "etcd_db_mib", "placement_ms"):  # fmt: skip
         assert row[figure] is not None, figure
     assert result["knee"] is None and result["broke"] is None
+
+
+PLACEMENT_FIGURES = {
+    "copies_declared", "copies_at_start", "requests", "failed", "failures", "window_s",
+    "adapter_loads", "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",
+    "served_per_worker", "busiest_over_mean", "top_ttft_p50_ms", "top_ttft_p99_ms",
+    "tail_ttft_p50_ms", "tail_ttft_p99_ms", "warm_ttft_p50_ms", "warm_ttft_p99_ms",
+    "tail_over_warm_p99", "cpu_cores",
+}  # fmt: skip
+PLACEMENT_PROCESSES = {"frontend", "workers", "client", "nats_server", "etcd"}
+TIMED = ("_ms", "_p99")
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "placement", "--workers", "2", "--slots", "2", "--adapters", "6",
+                    "--duration-s", "3", "--warmup-s", "0", "--rate", "10")  # fmt: skip
+    policies = result["results"]
+    assert list(policies) == ["bounded", "rendezvous", "on-demand"]
+    for figures in policies.values():
+        assert figures.keys() == PLACEMENT_FIGURES
+        assert figures["requests"] == 30
+        assert len(figures["served_per_worker"]) == 2
+        assert figures["cpu_cores"].keys() == PLACEMENT_PROCESSES
+        # a group's TTFT is None only when all its requests failed (a 429 or 424 the fleet
+        # may answer on these two slots); the base model never waits for an adapter
+        counts = {key: value for key, value in figures.items() if not key.endswith(TIMED)}
+        assert None not in counts.values(), figures
+        assert figures["warm_ttft_p50_ms"] is not None
+    assert policies["on-demand"]["copies_declared"] == 0
+    assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
+    assert result["targets"].keys() <= PLACEMENT_FIGURES
