@@ -34,7 +34,7 @@ from proto.adapters import (
     replica_bounds,
 )
 from proto.discovery import ModelDeploymentCard, decode_card
-from proto.errors import LorafleetError
+from proto.errors import CapacityError, LorafleetError, UnavailableError
 from proto.fleet_load import InstanceLoad, decode_instance_load
 from proto.placement import RendezvousCache, chosen_instances, plan_copies
 from worker.copy_targets import CopyTargets
@@ -268,6 +268,12 @@ class Placement:
     async def _load(self, spec: AdapterSpec) -> None:
         try:
             await self._controller.load(LoadLoraRequest(lora_name=spec.name, source=spec.source))
+        except (CapacityError, UnavailableError) as exc:
+            # Not the adapter's failure: this worker is full (every slot pinned, busy or
+            # the last warm copy in use) or stopping. No record, no backoff: the next pass
+            # tries again, and the frontend keeps serving the adapter from elsewhere.
+            log.debug("placement load deferred", adapter=spec.name, code=exc.code)
+            return
         except LorafleetError as exc:
             self._retries.failed(spec.name, spec.source.uri, exc)
             if self._report is not None:

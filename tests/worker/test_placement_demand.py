@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -162,3 +164,30 @@ async def test_the_load_record_lives_with_the_worker(fleet_worker, etcd, namespa
 
     await asyncio.to_thread(worker.terminate)
     assert me not in await load_records(etcd, namespace)
+
+
+async def test_a_placement_load_that_meets_a_full_worker_is_no_failure_of_the_adapter(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    """``capacity`` says the worker is full, not that the adapter is broken: the load record
+    shows no failure (so no frontend answers 424 for it) and the next pass tries again."""
+    worker = await asyncio.to_thread(fleet_worker, "--placement-policy", "rendezvous", max_loras=1)
+    me = await instance_id(worker)
+    await put_spec(etcd, namespace, tmp_path / "adapters", "first", replicas=1, pinned=True)
+    await wait_for_holders(etcd, namespace, lambda where, _: "first" in where, timeout_s=20)
+    await put_spec(etcd, namespace, tmp_path / "adapters", "second", replicas=1, pinned=True)
+
+    async with asyncio.timeout(60):  # rendezvous places by hash alone: "second" meets no slot
+        while _load_outcomes(worker).get("capacity", 0.0) < 3:  # tried again and again
+            assert "second" not in (await load_records(etcd, namespace))[me].failed
+            await asyncio.sleep(0.1)
+    where, _ = await holders(etcd, namespace)
+    assert where == {"first": {me}}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+def _load_outcomes(worker: ServiceProcess) -> dict[str, float]:
+    """The worker's load operations by outcome (``ok``, ``capacity``, ...)."""
+    text = httpx.get(f"{worker.url}/metrics").text
+    pattern = r'adapter_operations_total\{operation="load",outcome="([^"]*)"\} (\S+)'
+    return {outcome: float(value) for outcome, value in re.findall(pattern, text)}
