@@ -41,7 +41,7 @@ from worker.copy_targets import CopyTargets
 from worker.demand import DemandMeter
 from worker.load_report import LoadReport
 from worker.load_retries import LoadRetries
-from worker.lora_controller import LoraController
+from worker.lora_controller import IN_USE_S, LoraController
 
 __all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 
@@ -82,11 +82,15 @@ class PlacementSettings:
     """An extra copy goes only after demand stayed low this long."""
     demand_half_life_s: float = 30.0
     """Half-life of the demand counters."""
+    in_use_s: float = IN_USE_S
+    """An adapter used this recently is "in use": eviction keeps its last warm copy."""
 
     def __post_init__(self) -> None:
         for name in ("copy_rps", "cooldown_s", "demand_half_life_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.in_use_s < 0:
+            raise ValueError(f"in_use_s must not be negative, got {self.in_use_s}")
 
 
 class Placement:
@@ -139,6 +143,7 @@ class Placement:
             loads=loads, settings=settings,
         )  # fmt: skip
         controller.demand = DemandMeter(half_life_s=settings.demand_half_life_s)
+        controller.in_use_s = settings.in_use_s
         controller.fleet = placement
         placement._report = LoadReport.start(
             lease, load_key, controller=controller, failures=lambda: placement._retries.failures

@@ -94,7 +94,7 @@ async def test_rising_demand_adds_a_copy_that_goes_after_the_cooldown(
 async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     fleet_worker, client, etcd, namespace, tmp_path: Path
 ):
-    worker = await asyncio.to_thread(fleet_worker, max_loras=2)
+    worker = await asyncio.to_thread(fleet_worker, "--lora-in-use-s", "600", max_loras=2)
     me = await instance_id(worker)
     for name in ("busy", "quiet", "third", "fourth"):  # on demand only: nothing is placed
         await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
@@ -116,6 +116,27 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     assert "capacity" in str(refused.value) or refused.value.status_code == 429
     where, _ = await holders(etcd, namespace)
     assert set(where) == {"busy", "third"}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def test_demand_without_a_recent_request_does_not_keep_a_slot(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    """ "In use" needs a request within ``--lora-in-use-s`` as well as demand: with the
+    window closed, a cold load evicts the adapter the fleet asks least for instead of
+    answering 429, however much demand both loaded adapters had."""
+    worker = await asyncio.to_thread(fleet_worker, "--lora-in-use-s", "0", max_loras=2)
+    me = await instance_id(worker)
+    for name in ("older", "newer", "cold"):  # on demand only: nothing is placed
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
+    for name, requests in (("older", 30), ("newer", 40)):  # both well above 0.1 req/s
+        for _ in range(requests):
+            await _ask(client, name)
+        await _wait_for_demand(etcd, namespace, me, name)
+
+    await _ask(client, "cold")
+    where, _ = await holders(etcd, namespace)
+    assert set(where) == {"newer", "cold"}  # "older" had the least demand
     await assert_invariant_everywhere([worker], etcd, namespace)
 
 
