@@ -248,7 +248,8 @@ class Placement:
     async def reconcile(self) -> None:
         """One pass: load what this instance is chosen for, unload what it no longer is."""
         specs = self._my_specs()
-        mine = {name for name, where in self.plan().items() if self._instance_id in where}
+        plan = self.plan()
+        mine = {name for name, where in plan.items() if self._instance_id in where}
         controller = self._controller
         controller.pinned = {name for name in mine if specs[name].pinned}
         controller.placed = mine
@@ -259,10 +260,24 @@ class Placement:
                 await self._load(specs[name])
         self._on_demand &= controller.loaded.keys()  # evicted or unloaded meanwhile
         for name in sorted(controller.loaded.keys() - mine):
+            if name in specs and name in self._placed and self._keeps_copy(name, plan):
+                self._placed.discard(name)  # the plan let go of it: on demand's from now on
             if name in specs and name not in self._placed:
                 self._on_demand.add(name)
             if self._should_unload(name, name in specs):
                 await self._unload(name)
+
+    def _keeps_copy(self, name: str, plan: dict[str, list[int]]) -> bool:
+        """Whether this instance keeps its copy of a desired adapter the plan places nowhere
+        now (demand fell to one copy of a ``min_replicas: 0`` adapter): the holder first in
+        rendezvous order does, as an on-demand copy, so the adapter stays warm; every
+        worker picks the same one."""
+        if plan.get(name):
+            return False
+        held = self._held(self.peers())
+        holders = {iid for iid, names in held.items() if name in names}
+        first = next((iid for iid in self._orders.order(name) if iid in holders), None)
+        return first == self._instance_id
 
     def _should_unload(self, name: str, desired: bool) -> bool:
         idle_s = self._controller.idle_s(name)
