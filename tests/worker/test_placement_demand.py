@@ -91,6 +91,28 @@ async def test_rising_demand_adds_a_copy_that_goes_after_the_cooldown(
     await assert_invariant_everywhere(workers, etcd, namespace)
 
 
+async def test_an_on_demand_adapter_keeps_one_warm_copy_when_its_demand_falls(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    """``min_replicas: 0``: demand adds placed copies from two on; when it falls, the plan
+    places none, and one holder keeps its copy (on demand) instead of all unloading."""
+    workers = [await asyncio.to_thread(fleet_worker, *FAST_COPIES) for _ in range(2)]
+    await put_spec(etcd, namespace, tmp_path / "adapters", "hot", min_replicas=0, max_replicas=2)
+    copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+
+    async with _traffic(client, "hot"):  # the first request loads it on demand
+        await wait_for_holders(etcd, namespace, copies(2), timeout_s=30)
+    await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)  # decay, cool-down
+    async with asyncio.timeout(30):  # until no record shows demand: nothing changes after
+        while any(
+            "hot" in record.demand for record in (await load_records(etcd, namespace)).values()
+        ):
+            await asyncio.sleep(0.1)
+    where, _ = await holders(etcd, namespace)
+    assert len(where.get("hot", ())) == 1
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+
 async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     fleet_worker, client, etcd, namespace, tmp_path: Path
 ):
