@@ -58,6 +58,16 @@ async def _ask(client: openai.AsyncOpenAI, model: str) -> None:
     await client.completions.create(model=model, prompt="ahoy", max_tokens=2)
 
 
+async def _ask_once_desired(client: openai.AsyncOpenAI, model: str) -> None:
+    """Ask for ``model`` as soon as the frontend's watch shows its desired state (404 before)."""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                return await _ask(client, model)
+            except openai.NotFoundError:
+                await asyncio.sleep(0.1)
+
+
 @contextlib.asynccontextmanager
 async def _traffic(client: openai.AsyncOpenAI, model: str) -> AsyncIterator[None]:
     """Requests for ``model`` one after the other (tens per second) while the block runs."""
@@ -99,8 +109,9 @@ async def test_an_on_demand_adapter_keeps_one_warm_copy_when_its_demand_falls(
     workers = [await asyncio.to_thread(fleet_worker, *FAST_COPIES) for _ in range(2)]
     await put_spec(etcd, namespace, tmp_path / "adapters", "hot", min_replicas=0, max_replicas=2)
     copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+    await _ask_once_desired(client, "hot")  # the first request loads it on demand
 
-    async with _traffic(client, "hot"):  # the first request loads it on demand
+    async with _traffic(client, "hot"):
         await wait_for_holders(etcd, namespace, copies(2), timeout_s=30)
     await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)  # decay, cool-down
     async with asyncio.timeout(30):  # until no record shows demand: nothing changes after
@@ -152,7 +163,8 @@ async def test_demand_without_a_recent_request_does_not_keep_a_slot(
     for name in ("older", "newer", "cold"):  # on demand only: nothing is placed
         await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
     for name, requests in (("older", 30), ("newer", 40)):  # both well above 0.1 req/s
-        for _ in range(requests):
+        await _ask_once_desired(client, name)
+        for _ in range(requests - 1):
             await _ask(client, name)
         await _wait_for_demand(etcd, namespace, me, name)
 
