@@ -81,18 +81,30 @@ async def connect_with_retry(
         return result
 
 
+RECANCEL_S: Final = 0.5
+"""How long a cancelled start-up may take to end before it is cancelled again."""
+
+
 async def unless_stopped(start: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
-    """Run ``start`` unless ``stop`` is set first; then cancel it and return None."""
+    """Run ``start`` unless ``stop`` is set first; then cancel it and return None.
+
+    The cancellation is repeated until ``start`` ends: a library may swallow one (Python
+    3.11's ``asyncio.wait_for`` does when its inner call completes at the same moment, as
+    in nats-py's connect on a loaded machine), and the process would then wait for the
+    whole connect timeout instead of stopping.
+    """
     task = asyncio.ensure_future(start)
     stopper = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
-        if not task.done():
+        while not task.done():
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    return None if task.cancelled() else task.result()
+            await asyncio.wait({task}, timeout=RECANCEL_S)
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 async def _sleep_within(delay_s: float, started: float, timeout_s: float) -> None:
