@@ -22,6 +22,7 @@ __all__ = [
     "Shape",
     "adapter_name",
     "declared_copies",
+    "fair_copy_rps",
     "replica_bounds",
     "request_plan",
     "worker_flags",
@@ -110,6 +111,13 @@ def declared_copies(policy: str, shape: Shape) -> int:
     """Copies the policy keeps loaded whatever the demand (its adapters' lower bounds)."""
     bounds = [replica_bounds(policy, rank, shape) for rank in range(shape.adapters)]
     return sum(b.get("min_replicas", b.get("replicas", 0)) for b in bounds)
+
+
+def fair_copy_rps(rate_rps: float, workers: int) -> float:
+    """Adapter requests per second per worker at ``rate_rps`` offered: the workers'
+    ``--lora-copy-rps`` by default. A copy that serves more than one worker's share makes
+    its worker the busiest; demand adds a copy before that (at 70% of it)."""
+    return rate_rps * (1 - 1 / WARM_PROBE_EVERY) / workers
 
 
 def worker_flags(

@@ -31,6 +31,7 @@ from bench._placement_plan import (
     Shape,
     adapter_name,
     declared_copies,
+    fair_copy_rps,
     replica_bounds,
     request_plan,
     worker_flags,
@@ -87,8 +88,9 @@ async def _readings(
 async def _run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     shape = Shape(workers=args.workers, slots=args.slots, adapters=args.adapters,
                   max_tokens=args.max_tokens)  # fmt: skip
+    copy_rps = args.copy_rps or fair_copy_rps(args.rate, shape.workers)
     flags = worker_flags(policy, shape, time_per_token_s=args.time_per_token_s,
-                         load_s=args.load_s, copy_rps=args.copy_rps)  # fmt: skip
+                         load_s=args.load_s, copy_rps=copy_rps)  # fmt: skip
     with BenchCluster() as cluster:
         workers = [cluster.worker(MODEL, *flags, wait=False) for _ in range(shape.workers)]
         for worker in workers:
@@ -201,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--copy-rps",
         type=float,
         default=None,
-        help="the workers' --lora-copy-rps: requests/s per copy before demand adds one",
+        help="the workers' --lora-copy-rps: requests/s per copy before demand adds one "
+        "(default: adapter requests/s per worker, one worker's fair share)",
     )
     add("--seed", type=int, default=15, help="seed of the Zipf draw (same for every policy)")
     add_output_flags(parser)

@@ -71,17 +71,23 @@ def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> lis
     """``order`` (rendezvous) re-sorted: instances already loading ``adapter`` first (the
     lifecycle's lock makes a second load there wait for the first: no extra copy), then
     those with a free slot, by fewest in flight; instances without a load record go after
-    those with room and before the full ones."""
+    those with room and before the full ones. Full instances come by the fleet demand of
+    the adapter they would evict (their least-demanded one): a worker evicts its own
+    least-demanded adapter, so the load goes where that is the fleet's least-demanded,
+    not a popular adapter that would be loaded again soon."""
     records = loads.records()
     loading = set(loads.loading(adapter))
 
-    def rank(instance_id: int) -> tuple[int, int]:
+    def rank(instance_id: int) -> tuple[int, float, int]:
         load = records.get(instance_id)
         if load is None:
-            return 2, 0
+            return 2, 0.0, 0
         if instance_id in loading:
-            return 0, 0
-        return (1 if load.free_slots > 0 else 3), load.in_flight
+            return 0, 0.0, 0
+        if load.free_slots > 0:
+            return 1, 0.0, load.in_flight
+        victim_rps = min((loads.demand(name) for name in load.loaded), default=0.0)
+        return 3, victim_rps, load.in_flight
 
     return sorted(order, key=rank)  # stable: ties keep rendezvous order
 

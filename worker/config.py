@@ -25,6 +25,7 @@ from discovery.settings import EtcdSettings
 from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from worker.engine import EngineConfig
 from worker.engines import ENGINE_KINDS
+from worker.lora_controller import IN_USE_S
 from worker.placement import PlacementPolicy
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
@@ -72,6 +73,8 @@ class WorkerConfig:
     """``DYN_LORA_COPY_COOLDOWN_S``: low demand this long before an extra copy goes."""
     lora_demand_half_life_s: float = 30.0
     """``DYN_LORA_DEMAND_HALF_LIFE_S``: half-life of the per-adapter request rates."""
+    lora_in_use_s: float = IN_USE_S
+    """``DYN_LORA_IN_USE_S``: an adapter used this recently keeps its last warm copy."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINE_KINDS:
@@ -83,6 +86,8 @@ class WorkerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lora_in_use_s < 0:
+            raise ValueError(f"lora_in_use_s must not be negative, got {self.lora_in_use_s}")
 
     @property
     def system_url(self) -> str:
@@ -123,6 +128,8 @@ _FLAGS: Final[tuple[FlagSpec, ...]] = (
      float, "an extra copy is dropped after demand stayed low this long"),
     ("--lora-demand-half-life-s", "DYN_LORA_DEMAND_HALF_LIFE_S",
      WorkerConfig.lora_demand_half_life_s, float, "half-life of the per-adapter request rates"),
+    ("--lora-in-use-s", "DYN_LORA_IN_USE_S", WorkerConfig.lora_in_use_s, float,
+     "an adapter that served a request this recently keeps its last warm copy (eviction)"),
     ("--context-length", "DYN_CONTEXT_LENGTH", EngineConfig.context_length, int,
      "tokens of prompt plus output"),
     ("--mocker-time-per-token-s", "DYN_MOCKER_TIME_PER_TOKEN_S", 0.0, float,
@@ -186,7 +193,7 @@ def parse_worker_args(argv: list[str] | None = None) -> WorkerConfig:
             lora_idle_unload_s=args.lora_idle_unload_s,
             placement_policy=PlacementPolicy(args.placement_policy),
             lora_copy_rps=args.lora_copy_rps, lora_copy_cooldown_s=args.lora_copy_cooldown_s,
-            lora_demand_half_life_s=args.lora_demand_half_life_s,
+            lora_demand_half_life_s=args.lora_demand_half_life_s, lora_in_use_s=args.lora_in_use_s,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc))

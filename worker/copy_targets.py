@@ -5,6 +5,11 @@ records), so they agree without a coordinator. A copy is added as soon as demand
 per copy passes the prefetch threshold (``proto.placement.wanted_copies``); one is
 dropped only after demand stayed low enough for it (``may_drop_copy``) for the
 whole cool-down, one copy per cool-down, so a dip does not unload a warm copy.
+An adapter declared with no lower bound (``min_replicas: 0``) gets placed copies only
+when demand wants two or more: its one copy is on-demand loading's, which puts it where
+a request needs it and lets eviction rotate it. Placing that copy as well made placement
+and on-demand loads fight over the same slots (``bench.placement``: 1.8x the loads of an
+on-demand-only fleet).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class CopyTargets:
         else:
             self._low_since.pop(name, None)
         self._current[name] = current
-        return current
+        return 0 if low == 0 and current == 1 else current
 
     def next_drop_in_s(self) -> float | None:
         """Seconds until the earliest cool-down ends, None when none runs."""

@@ -34,14 +34,14 @@ from proto.adapters import (
     replica_bounds,
 )
 from proto.discovery import ModelDeploymentCard, decode_card
-from proto.errors import LorafleetError
+from proto.errors import CapacityError, LorafleetError, UnavailableError
 from proto.fleet_load import InstanceLoad, decode_instance_load
 from proto.placement import RendezvousCache, chosen_instances, plan_copies
 from worker.copy_targets import CopyTargets
 from worker.demand import DemandMeter
 from worker.load_report import LoadReport
 from worker.load_retries import LoadRetries
-from worker.lora_controller import LoraController
+from worker.lora_controller import IN_USE_S, LoraController
 
 __all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 
@@ -82,11 +82,15 @@ class PlacementSettings:
     """An extra copy goes only after demand stayed low this long."""
     demand_half_life_s: float = 30.0
     """Half-life of the demand counters."""
+    in_use_s: float = IN_USE_S
+    """An adapter used this recently is "in use": eviction keeps its last warm copy."""
 
     def __post_init__(self) -> None:
         for name in ("copy_rps", "cooldown_s", "demand_half_life_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.in_use_s < 0:
+            raise ValueError(f"in_use_s must not be negative, got {self.in_use_s}")
 
 
 class Placement:
@@ -139,6 +143,7 @@ class Placement:
             loads=loads, settings=settings,
         )  # fmt: skip
         controller.demand = DemandMeter(half_life_s=settings.demand_half_life_s)
+        controller.in_use_s = settings.in_use_s
         controller.fleet = placement
         placement._report = LoadReport.start(
             lease, load_key, controller=controller, failures=lambda: placement._retries.failures
@@ -243,7 +248,8 @@ class Placement:
     async def reconcile(self) -> None:
         """One pass: load what this instance is chosen for, unload what it no longer is."""
         specs = self._my_specs()
-        mine = {name for name, where in self.plan().items() if self._instance_id in where}
+        plan = self.plan()
+        mine = {name for name, where in plan.items() if self._instance_id in where}
         controller = self._controller
         controller.pinned = {name for name in mine if specs[name].pinned}
         controller.placed = mine
@@ -254,10 +260,24 @@ class Placement:
                 await self._load(specs[name])
         self._on_demand &= controller.loaded.keys()  # evicted or unloaded meanwhile
         for name in sorted(controller.loaded.keys() - mine):
+            if name in specs and name in self._placed and self._keeps_copy(name, plan):
+                self._placed.discard(name)  # the plan let go of it: on demand's from now on
             if name in specs and name not in self._placed:
                 self._on_demand.add(name)
             if self._should_unload(name, name in specs):
                 await self._unload(name)
+
+    def _keeps_copy(self, name: str, plan: dict[str, list[int]]) -> bool:
+        """Whether this instance keeps its copy of a desired adapter the plan places nowhere
+        now (demand fell to one copy of a ``min_replicas: 0`` adapter): the holder first in
+        rendezvous order does, as an on-demand copy, so the adapter stays warm; every
+        worker picks the same one."""
+        if plan.get(name):
+            return False
+        held = self._held(self.peers())
+        holders = {iid for iid, names in held.items() if name in names}
+        first = next((iid for iid in self._orders.order(name) if iid in holders), None)
+        return first == self._instance_id
 
     def _should_unload(self, name: str, desired: bool) -> bool:
         idle_s = self._controller.idle_s(name)
@@ -268,6 +288,12 @@ class Placement:
     async def _load(self, spec: AdapterSpec) -> None:
         try:
             await self._controller.load(LoadLoraRequest(lora_name=spec.name, source=spec.source))
+        except (CapacityError, UnavailableError) as exc:
+            # Not the adapter's failure: this worker is full (every slot pinned, busy or
+            # the last warm copy in use) or stopping. No record, no backoff: the next pass
+            # tries again, and the frontend keeps serving the adapter from elsewhere.
+            log.debug("placement load deferred", adapter=spec.name, code=exc.code)
+            return
         except LorafleetError as exc:
             self._retries.failed(spec.name, spec.source.uri, exc)
             if self._report is not None:

@@ -199,7 +199,7 @@ class WorkerRuntime:
         settings = PlacementSettings(
             policy=cfg.placement_policy, idle_unload_s=cfg.lora_idle_unload_s,
             copy_rps=cfg.lora_copy_rps, cooldown_s=cfg.lora_copy_cooldown_s,
-            demand_half_life_s=cfg.lora_demand_half_life_s,
+            demand_half_life_s=cfg.lora_demand_half_life_s, in_use_s=cfg.lora_in_use_s,
         )  # fmt: skip
         key = load_key(cfg.namespace, cfg.component, cfg.endpoint, lease.lease_id)
         return await Placement.start(

@@ -45,3 +45,19 @@ async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
         assert loads.of(FULL) is None and loads.of(IDLE) is not None
     finally:
         await loads.aclose()
+
+
+async def test_a_full_instance_whose_eviction_costs_least_comes_first(etcd, namespace) -> None:
+    """With every slot taken, the load goes where the adapter it evicts has the least
+    fleet demand, not by rendezvous order or requests in flight alone."""
+    popular = InstanceLoad(base_model="demo", max_loras=2, loaded=["hot", "warm"],
+                           demand={"hot": 3.0, "warm": 1.0})  # fmt: skip
+    rotating = InstanceLoad(base_model="demo", max_loras=2, in_flight=4, loaded=["warm2", "cold"],
+                            demand={"warm2": 1.0, "cold": 0.01})  # fmt: skip
+    for instance_id, load in ((FULL, popular), (BUSY, rotating)):
+        await _put(etcd, namespace, instance_id, load)
+    loads = await FleetLoads.start(etcd, namespace)
+    try:
+        assert least_loaded_first([FULL, BUSY], loads, "new") == [BUSY, FULL]
+    finally:
+        await loads.aclose()

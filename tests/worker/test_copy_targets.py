@@ -26,3 +26,16 @@ def test_an_extra_copy_goes_only_after_the_cooldown() -> None:
     clock.now += 60.0
     assert targets.target("a", low=1, high=3, demand_rps=4.0) == 1
     assert targets.target("a", low=2, high=3, demand_rps=0.0) == 2  # never below the bound
+
+
+def test_an_on_demand_adapter_gets_placed_copies_only_beyond_its_first() -> None:
+    """``min_replicas: 0``: one copy is on-demand loading's; placement adds the second."""
+    clock = Clock()
+    targets = CopyTargets(copy_rps=10.0, cooldown_s=60.0, clock=clock)
+    assert targets.target("a", low=0, high=2, demand_rps=3.0) == 0  # one copy serves it
+    assert targets.target("a", low=0, high=2, demand_rps=8.0) == 2  # past 7/s: a second
+    clock.now += 60.0
+    assert targets.target("a", low=0, high=2, demand_rps=3.0) == 2  # cool-down starts
+    clock.now += 60.0
+    assert targets.target("a", low=0, high=2, demand_rps=3.0) == 0  # back to on demand
+    assert targets.target("b", low=1, high=2, demand_rps=3.0) == 1  # a lower bound is placed

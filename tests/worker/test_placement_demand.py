@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -56,6 +58,16 @@ async def _ask(client: openai.AsyncOpenAI, model: str) -> None:
     await client.completions.create(model=model, prompt="ahoy", max_tokens=2)
 
 
+async def _ask_once_desired(client: openai.AsyncOpenAI, model: str) -> None:
+    """Ask for ``model`` as soon as the frontend's watch shows its desired state (404 before)."""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                return await _ask(client, model)
+            except openai.NotFoundError:
+                await asyncio.sleep(0.1)
+
+
 @contextlib.asynccontextmanager
 async def _traffic(client: openai.AsyncOpenAI, model: str) -> AsyncIterator[None]:
     """Requests for ``model`` one after the other (tens per second) while the block runs."""
@@ -89,10 +101,33 @@ async def test_rising_demand_adds_a_copy_that_goes_after_the_cooldown(
     await assert_invariant_everywhere(workers, etcd, namespace)
 
 
+async def test_an_on_demand_adapter_keeps_one_warm_copy_when_its_demand_falls(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    """``min_replicas: 0``: demand adds placed copies from two on; when it falls, the plan
+    places none, and one holder keeps its copy (on demand) instead of all unloading."""
+    workers = [await asyncio.to_thread(fleet_worker, *FAST_COPIES) for _ in range(2)]
+    await put_spec(etcd, namespace, tmp_path / "adapters", "hot", min_replicas=0, max_replicas=2)
+    copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+    await _ask_once_desired(client, "hot")  # the first request loads it on demand
+
+    async with _traffic(client, "hot"):
+        await wait_for_holders(etcd, namespace, copies(2), timeout_s=30)
+    await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)  # decay, cool-down
+    async with asyncio.timeout(30):  # until no record shows demand: nothing changes after
+        while any(
+            "hot" in record.demand for record in (await load_records(etcd, namespace)).values()
+        ):
+            await asyncio.sleep(0.1)
+    where, _ = await holders(etcd, namespace)
+    assert len(where.get("hot", ())) == 1
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+
 async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     fleet_worker, client, etcd, namespace, tmp_path: Path
 ):
-    worker = await asyncio.to_thread(fleet_worker, max_loras=2)
+    worker = await asyncio.to_thread(fleet_worker, "--lora-in-use-s", "600", max_loras=2)
     me = await instance_id(worker)
     for name in ("busy", "quiet", "third", "fourth"):  # on demand only: nothing is placed
         await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
@@ -114,6 +149,28 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     assert "capacity" in str(refused.value) or refused.value.status_code == 429
     where, _ = await holders(etcd, namespace)
     assert set(where) == {"busy", "third"}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def test_demand_without_a_recent_request_does_not_keep_a_slot(
+    fleet_worker, client, etcd, namespace, tmp_path: Path
+):
+    """ "In use" needs a request within ``--lora-in-use-s`` as well as demand: with the
+    window closed, a cold load evicts the adapter the fleet asks least for instead of
+    answering 429, however much demand both loaded adapters had."""
+    worker = await asyncio.to_thread(fleet_worker, "--lora-in-use-s", "0", max_loras=2)
+    me = await instance_id(worker)
+    for name in ("older", "newer", "cold"):  # on demand only: nothing is placed
+        await put_spec(etcd, namespace, tmp_path / "adapters", name, replicas=0)
+    for name, requests in (("older", 30), ("newer", 40)):  # both well above 0.1 req/s
+        await _ask_once_desired(client, name)
+        for _ in range(requests - 1):
+            await _ask(client, name)
+        await _wait_for_demand(etcd, namespace, me, name)
+
+    await _ask(client, "cold")
+    where, _ = await holders(etcd, namespace)
+    assert set(where) == {"newer", "cold"}  # "older" had the least demand
     await assert_invariant_everywhere([worker], etcd, namespace)
 
 
@@ -162,3 +219,30 @@ async def test_the_load_record_lives_with_the_worker(fleet_worker, etcd, namespa
 
     await asyncio.to_thread(worker.terminate)
     assert me not in await load_records(etcd, namespace)
+
+
+async def test_a_placement_load_that_meets_a_full_worker_is_no_failure_of_the_adapter(
+    fleet_worker, etcd, namespace, tmp_path: Path
+):
+    """``capacity`` says the worker is full, not that the adapter is broken: the load record
+    shows no failure (so no frontend answers 424 for it) and the next pass tries again."""
+    worker = await asyncio.to_thread(fleet_worker, "--placement-policy", "rendezvous", max_loras=1)
+    me = await instance_id(worker)
+    await put_spec(etcd, namespace, tmp_path / "adapters", "first", replicas=1, pinned=True)
+    await wait_for_holders(etcd, namespace, lambda where, _: "first" in where, timeout_s=20)
+    await put_spec(etcd, namespace, tmp_path / "adapters", "second", replicas=1, pinned=True)
+
+    async with asyncio.timeout(60):  # rendezvous places by hash alone: "second" meets no slot
+        while _load_outcomes(worker).get("capacity", 0.0) < 3:  # tried again and again
+            assert "second" not in (await load_records(etcd, namespace))[me].failed
+            await asyncio.sleep(0.1)
+    where, _ = await holders(etcd, namespace)
+    assert where == {"first": {me}}
+    await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+def _load_outcomes(worker: ServiceProcess) -> dict[str, float]:
+    """The worker's load operations by outcome (``ok``, ``capacity``, ...)."""
+    text = httpx.get(f"{worker.url}/metrics").text
+    pattern = r'adapter_operations_total\{operation="load",outcome="([^"]*)"\} (\S+)'
+    return {outcome: float(value) for outcome, value in re.findall(pattern, text)}
