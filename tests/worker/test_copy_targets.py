@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
+from tests.hand_clock import HandClock
 from worker.copy_targets import CopyTargets
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_an_extra_copy_goes_only_after_the_cooldown() -> None:
-    clock = Clock()
+    clock = HandClock()
     targets = CopyTargets(copy_rps=10.0, cooldown_s=60.0, clock=clock)
     assert targets.target("a", low=1, high=3, demand_rps=15.0) == 3  # 15/s over 7/s per copy
     assert targets.target("a", low=1, high=3, demand_rps=12.0) == 3  # 12/2 > 5: keep all
@@ -30,7 +23,7 @@ def test_an_extra_copy_goes_only_after_the_cooldown() -> None:
 
 def test_an_on_demand_adapter_gets_placed_copies_only_beyond_its_first() -> None:
     """``min_replicas: 0``: one copy is on-demand loading's; placement adds the second."""
-    clock = Clock()
+    clock = HandClock()
     targets = CopyTargets(copy_rps=10.0, cooldown_s=60.0, clock=clock)
     assert targets.target("a", low=0, high=2, demand_rps=3.0) == 0  # one copy serves it
     assert targets.target("a", low=0, high=2, demand_rps=8.0) == 2  # past 7/s: a second

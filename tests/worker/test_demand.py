@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
+from tests.hand_clock import HandClock
 from worker.demand import DemandMeter
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_demand_reads_the_rate_and_decays_by_half_each_half_life() -> None:
-    clock = Clock()
+    clock = HandClock()
     meter = DemandMeter(half_life_s=10.0, clock=clock)
     for _ in range(100):  # 2 requests per second for 50 s
         meter.record("pirate")

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 from proto.errors import NotFoundError
+from tests.hand_clock import HandClock
 from worker.load_retries import RETRY_CAP_S, LoadRetries
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_failed_load_waits_for_its_backoff_and_success_forgets_it() -> None:
-    clock = Clock()
+    clock = HandClock()
     retries = LoadRetries(clock=clock)
     error = NotFoundError("no adapter at s3://key:secret@bucket/pirate?X-Amz-Signature=abc")
     retries.failed("pirate", "s3://key:secret@bucket/pirate?X-Amz-Signature=abc", error)
