@@ -55,9 +55,7 @@ async def _put_record(etcd, namespace: str, instance_id: int, load: InstanceLoad
 
 async def _wait_for_record(frontend, instance_id: int) -> None:
     loads = frontend.app.state.services.loads
-    async with asyncio.timeout(5):
-        while loads.of(instance_id) is None:
-            await asyncio.sleep(0.02)
+    await loads.cache.wait_until(lambda _: loads.of(instance_id) is not None, timeout_s=30)
 
 
 def _models(frontend_url: str) -> dict[str, object]:
@@ -203,10 +201,12 @@ async def test_on_demand_goes_to_the_instance_with_a_free_slot_when_another_is_f
         filler = await http.post(f"{full.url}/engine/update/load_lora", json=body)
     assert filler.status_code == 200, filler.text
     loads = frontend.app.state.services.loads
-    async with asyncio.timeout(10):  # the full worker's own record says so
-        while (loads.of(first_id) is None or loads.of(first_id).free_slots > 0
-               or loads.of(second_id) is None):  # fmt: skip
-            await asyncio.sleep(0.02)
+
+    def full_and_free_seen(_: object) -> bool:  # the full worker's own record says so
+        full_load, free_load = loads.of(first_id), loads.of(second_id)
+        return full_load is not None and full_load.free_slots == 0 and free_load is not None
+
+    await loads.cache.wait_until(full_and_free_seen, timeout_s=30)
     await _apply(frontend.http, "pirate", _uri(tmp_path, "pirate"))
 
     answer = await _complete(frontend.http, "pirate")
