@@ -138,6 +138,7 @@ from proto.uris import (
     public_uri,
     public_uris_in,
     redact_uri,
+    redact_uris_in,
     split_uri,
 )
 from proto.vllm_lora import (
@@ -270,6 +271,7 @@ __all__ = [
     "public_uri",
     "public_uris_in",
     "redact_uri",
+    "redact_uris_in",
     "rendezvous_order",
     "replica_bounds",
     "shorten",

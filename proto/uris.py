@@ -13,7 +13,14 @@ import re
 from typing import Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-__all__ = ["is_scheme_name", "public_uri", "public_uris_in", "redact_uri", "split_uri"]
+__all__ = [
+    "is_scheme_name",
+    "public_uri",
+    "public_uris_in",
+    "redact_uri",
+    "redact_uris_in",
+    "split_uri",
+]
 
 REDACTED: Final = "***"
 _SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
@@ -72,6 +79,11 @@ def public_uri(source: str) -> str:
 def public_uris_in(text: str) -> str:
     """``text`` (an error message) with every URI in it as ``public_uri`` shows it."""
     return _URI_IN_TEXT.sub(lambda match: public_uri(match.group()), text)
+
+
+def redact_uris_in(text: str) -> str:
+    """``text`` (an error message) with every URI in it redacted (``redact_uri``)."""
+    return _URI_IN_TEXT.sub(lambda match: redact_uri(match.group()), text)
 
 
 def _redact_pair(pair: str) -> str:

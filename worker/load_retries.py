@@ -10,7 +10,6 @@ way again is logged at debug level only.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Collection
 from typing import Final
@@ -21,7 +20,7 @@ from proto.backoff import backoff_s
 from proto.errors import LorafleetError
 from proto.fleet_load import LoadFailure
 from proto.limits import shorten
-from proto.uris import redact_uri
+from proto.uris import redact_uri, redact_uris_in
 
 __all__ = ["LoadRetries"]
 
@@ -31,7 +30,6 @@ RETRY_BASE_S: Final = 1.0
 """The backoff's base: the first retry comes within 2 s, the n-th within 2^n s."""
 RETRY_CAP_S: Final = 180.0
 """The longest wait between two tries of one adapter."""
-_URI: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
 
 
 class LoadRetries:
@@ -96,4 +94,4 @@ class LoadRetries:
 
 def _redact_uris(text: str) -> str:
     """``text`` with every URI in it redacted and the whole shortened."""
-    return shorten(_URI.sub(lambda match: redact_uri(match.group()), text))
+    return shorten(redact_uris_in(text))
