@@ -24,6 +24,7 @@ HOST: Final = "127.0.0.1"
 IDLE_REUSE_S: Final = 2.0
 """A connection idle longer is closed, not reused: uvicorn closes idle ones after 5 s."""
 _ERROR_CODE: Final = re.compile(rb'"code":"([^"]*)"')
+_ERROR_MESSAGE: Final = re.compile(rb'"message":"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class Sample:
     ttft_s: float | None
     failure: str = ""
     """Why it failed: ``timeout``, ``connection``, ``HTTP <status>``, an error event's code."""
+    message: str = ""
+    """The server's error message, when it sent one: what a failure's figures cannot say."""
 
 
 class _Pool:
@@ -93,7 +96,11 @@ async def _send(pool: _Pool, index: int, planned: Planned, timeout_s: float) -> 
         return Sample(index, planned.tag, ok=False, ttft_s=None, failure="connection")
     first_token_at = response.first_token_at
     if first_token_at is None or not complete_stream(response):
-        return Sample(index, planned.tag, ok=False, ttft_s=None, failure=_failure(response))
+        message = _ERROR_MESSAGE.search(response.body)
+        return Sample(
+            index, planned.tag, ok=False, ttft_s=None, failure=_failure(response),
+            message=message[1].decode(errors="replace") if message else "",
+        )  # fmt: skip
     return Sample(index, planned.tag, ok=True, ttft_s=first_token_at - started)
 
 

@@ -17,7 +17,7 @@ from bench._open_loop import Sample
 from bench._placement_plan import BASE_TAG, MODEL
 from bench._report import ms, percentile
 
-__all__ = ["Readings", "policy_figures", "ttft_groups"]
+__all__ = ["Readings", "policy_figures", "tail_from", "ttft_groups"]
 
 TOP_ADAPTERS: Final = 10
 TAIL_ADAPTERS: Final = 50
@@ -52,10 +52,15 @@ def _ok_load(labels: Mapping[str, str]) -> bool:
     return labels["operation"] == "load" and labels["outcome"] == "ok"
 
 
+def tail_from(adapters: int) -> int:
+    """The first rank of the tail group: the fifty least popular adapters, at most half."""
+    return adapters - (min(TAIL_ADAPTERS, adapters // 2) or 1)
+
+
 def ttft_groups(samples: Sequence[Sample], adapters: int) -> dict[str, list[float]]:
     """TTFTs of the top ten adapters, the fifty least popular (each at most half), the base."""
     top = min(TOP_ADAPTERS, adapters // 2) or 1
-    tail_from = adapters - (min(TAIL_ADAPTERS, adapters // 2) or 1)
+    first_tail = tail_from(adapters)
     groups: dict[str, list[float]] = {"top": [], "tail": [], "warm": []}
     for sample in samples:
         if sample.ttft_s is None:
@@ -64,7 +69,7 @@ def ttft_groups(samples: Sequence[Sample], adapters: int) -> dict[str, list[floa
             groups["warm"].append(sample.ttft_s)
         if 0 <= sample.tag < top:
             groups["top"].append(sample.ttft_s)
-        if sample.tag >= tail_from:
+        if sample.tag >= first_tail:
             groups["tail"].append(sample.ttft_s)
     return groups
 
@@ -101,6 +106,7 @@ def policy_figures(
         "requests": len(samples),
         "failed": sum(not s.ok for s in samples),
         "failures": dict(Counter(s.failure for s in samples if not s.ok)),
+        "failure_messages": _first_messages(samples),
         "window_s": round(after.at_s - before.at_s, 1),
         "adapter_loads": int(loads),
         "loads_per_min": round(loads * 60 / offered_s, 1) if offered_s else None,
@@ -114,3 +120,12 @@ def policy_figures(
         figures[f"{group}_ttft_p99_ms"] = ms(percentile(ttfts, 0.99))
     figures["tail_over_warm_p99"] = _ratio(figures["tail_ttft_p99_ms"], ms(warm_p99))
     return figures
+
+
+def _first_messages(samples: Sequence[Sample]) -> dict[str, str]:
+    """The first server message of each kind of failure (why 503s happen, not just how many)."""
+    messages: dict[str, str] = {}
+    for sample in samples:
+        if not sample.ok and sample.message:
+            messages.setdefault(sample.failure, sample.message)
+    return messages

@@ -25,6 +25,7 @@ __all__ = [
     "fair_copy_rps",
     "replica_bounds",
     "request_plan",
+    "request_tags",
     "worker_flags",
     "zipf_ranks",
 ]
@@ -86,8 +87,13 @@ def request_plan(shape: Shape, count: int, seed: int, port: int) -> list[Planned
 
     base = Planned(BASE_TAG, raw(MODEL))
     adapters = [Planned(rank, raw(adapter_name(rank))) for rank in range(shape.adapters)]
+    return [base if tag == BASE_TAG else adapters[tag] for tag in request_tags(shape, count, seed)]
+
+
+def request_tags(shape: Shape, count: int, seed: int) -> list[int]:
+    """The plan's tags: ``BASE_TAG`` for every tenth request, a Zipf-drawn rank otherwise."""
     ranks = zipf_ranks(shape.adapters, count, seed)
-    return [base if i % WARM_PROBE_EVERY == 0 else adapters[r] for i, r in enumerate(ranks)]
+    return [BASE_TAG if i % WARM_PROBE_EVERY == 0 else r for i, r in enumerate(ranks)]
 
 
 def replica_bounds(policy: str, rank: int, shape: Shape) -> dict[str, int]:

@@ -18,13 +18,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, Final
 
+from bench._cache_bounds import load_bounds
 from bench._cluster import BenchCluster, Service
 from bench._http import http_once
 from bench._metrics import scrape
 from bench._open_loop import run_open_loop
-from bench._placement_figures import Readings, policy_figures
+from bench._placement_figures import Readings, policy_figures, tail_from
 from bench._placement_plan import (
     MODEL,
     POLICIES,
@@ -34,6 +36,7 @@ from bench._placement_plan import (
     fair_copy_rps,
     replica_bounds,
     request_plan,
+    request_tags,
     worker_flags,
 )
 from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
@@ -85,9 +88,13 @@ async def _readings(
     return Readings(at_s, scrapes, await scrape(frontend.port))
 
 
+def _shape(args: argparse.Namespace) -> Shape:
+    return Shape(workers=args.workers, slots=args.slots, adapters=args.adapters,
+                 max_tokens=args.max_tokens)  # fmt: skip
+
+
 async def _run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    shape = Shape(workers=args.workers, slots=args.slots, adapters=args.adapters,
-                  max_tokens=args.max_tokens)  # fmt: skip
+    shape = _shape(args)
     copy_rps = args.copy_rps or fair_copy_rps(args.rate, shape.workers)
     flags = worker_flags(policy, shape, time_per_token_s=args.time_per_token_s,
                          load_s=args.load_s, copy_rps=copy_rps)  # fmt: skip
@@ -153,7 +160,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     _compare(results)
     settings = {key: value for key, value in vars(args).items() if key != "json"}
     return {"bench": "placement", "machine": machine(), "settings": settings,
-            "targets": TARGETS, "results": results}  # fmt: skip
+            "targets": TARGETS, "bounds": _bounds(args, results), "results": results}  # fmt: skip
+
+
+def _bounds(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fewest loads any policy could make for this plan, also over the on-demand fleet's."""
+    shape = _shape(args)
+    warmup = round(args.warmup_s * args.rate)
+    tags = request_tags(shape, warmup + round(args.duration_s * args.rate), args.seed)
+    bounds = load_bounds(tags, slots=shape.total_slots, adapters=shape.adapters,
+                         tail_from=tail_from(shape.adapters), measured_from=warmup,
+                         measured_s=args.duration_s)  # fmt: skip
+    figures: dict[str, Any] = asdict(bounds)
+    on_demand = results.get("on-demand", {}).get("loads_per_min")
+    for key in ("best_online_per_min", "belady_per_min"):
+        figures[f"{key}_vs_on_demand"] = round(figures[key] / on_demand, 2) if on_demand else None
+    return figures
 
 
 ROWS: Final = (
@@ -182,7 +204,18 @@ def _text(results: dict[str, Any], _args: argparse.Namespace) -> str:
     headers = ["figure", *policies, "target"]
     rows = [[label, *(_cell(f, key) for f in policies.values()), TARGETS.get(key, "")]
             for label, key in ROWS]  # fmt: skip
-    return table(headers, rows)
+    bounds = results["bounds"]
+    floor = (
+        f"fewest loads / min any policy could make for these requests: best online (keep the "
+        f"most popular adapters) {bounds['best_online_per_min']} "
+        f"({bounds['best_online_per_min_vs_on_demand']} x on-demand), Belady (knows the "
+        f"future) {bounds['belady_per_min']} ({bounds['belady_per_min_vs_on_demand']} x); "
+        f"tail-50 requests that wait for a load even under Belady: "
+        f"{bounds['belady_tail_miss_share']:.0%}"
+    )
+    failures = [f"{policy}: {kind}: {message}" for policy, figures in policies.items()
+                for kind, message in figures["failure_messages"].items()]  # fmt: skip
+    return "\n".join([table(headers, rows), floor, *failures])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -104,7 +104,8 @@ def test_scale_reports_every_figure_for_a_tiny_fleet_under_churn(tmp_path: Path)
 
 
 PLACEMENT_FIGURES = {
-    "copies_declared", "copies_at_start", "requests", "failed", "failures", "window_s",
+    "copies_declared", "copies_at_start", "requests", "failed", "failures", "failure_messages",
+    "window_s",
     "adapter_loads", "loads_per_min", "loads_vs_on_demand", "on_demand_loads", "waited_share",
     "served_per_worker", "busiest_over_mean", "top_ttft_p50_ms", "top_ttft_p99_ms",
     "tail_ttft_p50_ms", "tail_ttft_p99_ms", "warm_ttft_p50_ms", "warm_ttft_p99_ms",
@@ -133,3 +134,4 @@ def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None
     assert policies["on-demand"]["copies_declared"] == 0
     assert policies["rendezvous"]["copies_declared"] == 2  # half the four slots
     assert result["targets"].keys() <= PLACEMENT_FIGURES
+    assert result["bounds"]["best_online_per_min"] > 0 and result["bounds"]["belady_per_min"] > 0
