@@ -9,8 +9,9 @@ only ``add_adapter``/``remove_adapter`` (``AdapterBackend``) and keep a name to
 handle map; callers in the worker pass typed requests, and the engine registry
 converts them from and to the wire. When a load needs a slot, eviction takes the
 adapter the fleet asks least for (``FleetDemand``; least recently used breaks
-ties), never a pinned or busy one, nor the last warm copy of one in use (fleet demand of
-at least ``IN_USE_RPS`` and a request served here within the last ``in_use_s``).
+ties; one loaded within ``in_use_s`` that has served nothing yet goes last), never a
+pinned or busy one, nor the last warm copy of one in use (fleet demand of at least
+``IN_USE_RPS`` and a request served here within the last ``in_use_s``).
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ class LoraController:
         self.on_change: ChangeListener = lambda: None
         self._locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
+        self._unserved: set[str] = set()
+        """Loaded adapters that have not served a request since: their first is on its way."""
         self._busy: Counter[str] = Counter()
         self._observe_slots()
 
@@ -157,6 +160,7 @@ class LoraController:
         """Mark ``model`` busy while a request runs; busy adapters are never evicted."""
         self._busy[model] += 1
         self._last_used[model] = time.monotonic()
+        self._unserved.discard(model)
         if model in self.loaded:
             self.demand.record(model)
         self.on_change()
@@ -286,6 +290,7 @@ class LoraController:
         adapter = LoadedAdapter(card=self._adapter_card(name, uri, path), uri=uri)
         self.loaded[name] = adapter
         self._last_used[name] = time.monotonic()
+        self._unserved.add(name)
         await self._publish_or_roll_back(name, adapter)
         log.info("adapter loaded", adapter=name, uri=redact_uri(uri), path=str(path))
         return f"adapter {name!r} loaded from {redact_uri(uri)}"
@@ -321,7 +326,8 @@ class LoraController:
         self._adding.add(name)
 
     def _eviction_candidate(self) -> str | None:
-        """Not placed here before placed, then the least fleet demand, then least recently used."""
+        """One that has served since its load before one just loaded, not placed here before
+        placed, then the least fleet demand, then least recently used."""
         free = [
             name
             for name in self.loaded
@@ -333,13 +339,21 @@ class LoraController:
         return min(
             free,
             key=lambda name: (
-                name in self.placed, self._fleet_demand(name), self._last_used.get(name, 0.0)
+                self._just_loaded(name), name in self.placed, self._fleet_demand(name),
+                self._last_used.get(name, 0.0),
             ),
             default=None,
         )  # fmt: skip
 
     def _fleet_demand(self, name: str) -> float:
         return self.demand.rate(name) if self.fleet is None else self.fleet.demand_rps(name)
+
+    def _just_loaded(self, name: str) -> bool:
+        """Loaded less than ``in_use_s`` ago and no request served since: the requests that
+        waited for the load are on their way, so it goes last. A cold adapter has no demand
+        yet, and by demand alone it went first (``bench.placement``: evicted 1 ms after its
+        load, its requests waited out the frontend's 60 s on-demand timeout)."""
+        return name in self._unserved and self.idle_s(name) < self.in_use_s
 
     def _last_warm_copy_in_use(self, name: str) -> bool:
         """No card on another instance, fleet demand of at least ``IN_USE_RPS``, and a
@@ -400,6 +414,7 @@ class LoraController:
             raise
         del self.loaded[name]
         self._last_used.pop(name, None)
+        self._unserved.discard(name)
         self._source.release(adapter.uri)
         log.info("adapter unloaded", adapter=name)
 

@@ -141,10 +141,25 @@ async def test_full_slots_evict_the_least_recently_used_idle_adapter(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
-    with controller.track("pirate"):  # pirate served last: robot is the least recently used
-        pass
+    for name in ("robot", "pirate"):  # pirate served last: robot is the least recently used
+        with controller.track(name):
+            pass
     await controller.load(_load("chef", uris["chef"]))
     expected = {"pirate": lora_id("pirate"), "chef": lora_id("chef")}
+    assert await _cards(etcd, namespace) == expected
+    assert engine.adapters == expected
+
+
+async def test_a_load_keeps_an_adapter_whose_first_request_has_not_come(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    """A cold adapter has no demand yet; the requests that waited for its load are on their
+    way, so another load takes a slot that has served, even a more recently used one."""
+    engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
+    with controller.track("pirate"):  # robot (loaded last) has served nothing yet
+        pass
+    await controller.load(_load("chef", uris["chef"]))
+    expected = {"robot": lora_id("robot"), "chef": lora_id("chef")}
     assert await _cards(etcd, namespace) == expected
     assert engine.adapters == expected
 
