@@ -63,6 +63,9 @@ TRY_NEXT_CODES: Final = frozenset({"capacity", "not_found", "unavailable"})
 """Load failures another instance may not have: full, no LoRA management, starting up."""
 TRANSIENT_CODES: Final = frozenset({"capacity", "unavailable", "shutting_down"})
 """Load failures that say nothing about the adapter: they are not remembered as its failure."""
+CARD_SHOWN_S: Final = 5.0
+"""How long a loaded adapter's card may take to show before the load is asked for again: a
+card evicted at once (put and deleted between two looks at the cache) never shows."""
 DEFAULT_ON_DEMAND_QUEUE: Final = 256
 """Requests that may wait for one adapter's load (``--on-demand-queue``); 429 beyond."""
 
@@ -202,6 +205,17 @@ class OnDemandLoader:
         return _failed(adapter, failure)
 
     async def _load_somewhere(self, spec: AdapterSpec) -> ServedModel:
+        """Load the adapter until its card shows (the caller's timeout bounds the tries)."""
+        while True:
+            instance_id = await self._load_on_one(spec)
+            served = await self._served_on(spec.name, instance_id)
+            if served is not None:
+                return served
+            log.warning("loaded adapter's card did not show; loading it again",
+                        adapter=spec.name, instance=f"{instance_id:x}",
+                        waited_s=CARD_SHOWN_S)  # fmt: skip
+
+    async def _load_on_one(self, spec: AdapterSpec) -> int:
         """Try the base model's instances, least loaded first, until one loads the adapter."""
         base = self._registry.get(spec.base_model)
         if base is None or base.parent is not None:
@@ -224,7 +238,7 @@ class OnDemandLoader:
                     raise
                 last = exc
             else:
-                return await self._served_on(spec.name, instance_id)
+                return instance_id
             log.info("on-demand load goes to the next instance", adapter=spec.name,
                      instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
         raise last or BaseModelUnavailableError(spec.name, spec.base_model)
@@ -254,8 +268,9 @@ class OnDemandLoader:
             raise LoadUnauthorizedError(spec.name, instance.instance_id)
         raise WorkerError(instance.instance_id, error)
 
-    async def _served_on(self, name: str, instance_id: int) -> ServedModel:
-        """Wait until the registry shows ``name``'s card on ``instance_id`` (the worker put it)."""
+    async def _served_on(self, name: str, instance_id: int) -> ServedModel | None:
+        """The served adapter once the registry shows ``name``'s card on ``instance_id`` (the
+        worker put it); None when it does not within ``CARD_SHOWN_S``."""
 
         def shown(_cards: object) -> bool:
             served = self._registry.get(name)
@@ -263,7 +278,10 @@ class OnDemandLoader:
                 instance.instance_id == instance_id for instance in served.instances
             )
 
-        await self._registry.card_cache.wait_until(shown, self.timeout_s)
+        try:
+            await self._registry.card_cache.wait_until(shown, CARD_SHOWN_S)
+        except TimeoutError:
+            return None
         served = self._registry.get(name)
         assert served is not None
         return served

@@ -7,7 +7,8 @@ answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
 paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
 subscriber that answers nothing at all. Its base card says LoRA management is
 on unless ``enable_lora=False``. With ``answer_loads`` it serves
-``update/load_lora`` by publishing the adapter's card; otherwise it never
+``update/load_lora`` by publishing the adapter's card (``lose_first_card``: not
+the first time, as if evicted before anyone saw it); otherwise it never
 answers updates, only records them. The real worker is used by the
 end-to-end tests.
 """
@@ -61,6 +62,7 @@ class ScriptedEngine(LLMEngine):
         self.generated: list[GenerateRequest] = []
         self.cancelled: list[str] = []
         self.loads: list[str] = []
+        self.lose_first_card = False
         self._endpoint: ModelEndpoint | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
@@ -99,7 +101,8 @@ class ScriptedEngine(LLMEngine):
         """Publish the adapter's card, then answer success, as the real lifecycle does."""
         assert self._endpoint is not None
         self.loads.append(request.lora_name)
-        await self._endpoint.register_model(self.card(request.lora_name))
+        if not self.lose_first_card or len(self.loads) > 1:
+            await self._endpoint.register_model(self.card(request.lora_name))
         name = request.lora_name
         return LoraResponse(status="success", lora_name=name, lora_id=lora_id(name))
 
@@ -120,6 +123,7 @@ class StandInWorker:
         error: ErrorInfo | None = None,
         context_length: int = 2048,
         answer_loads: bool = False,
+        lose_first_card: bool = False,
         enable_lora: bool = True,
     ) -> None:
         self.nats_url = nats_url
@@ -133,6 +137,7 @@ class StandInWorker:
         config = EngineConfig(model=f"/models/{model}", served_model_name=model,
                               enable_lora=enable_lora, context_length=context_length)  # fmt: skip
         self.engine = ScriptedEngine(config, error=error, token_delay_s=token_delay_s)
+        self.engine.lose_first_card = lose_first_card
         self.registry = EngineRegistry()
         self.updates: list[str] = []
         self._stopped = asyncio.Event()

@@ -203,6 +203,25 @@ async def test_a_load_that_never_answers_times_out_with_503(
         assert 'lorafleet_frontend_on_demand_loads_total{outcome="timeout"} 1.0' in metrics
 
 
+async def test_a_load_whose_card_never_shows_is_asked_for_again(
+    workers, nats_url, etcd, namespace, etcd_url
+) -> None:
+    """The worker answered the load, but its card went before the frontend saw it (evicted
+    at once): the frontend loads again instead of waiting out its on-demand timeout."""
+    forgetful = await StandInWorker(nats_url, etcd, namespace, "demo", answer_loads=True,
+                                    lose_first_card=True).start()  # fmt: skip
+    workers.append(forgetful)
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH)  # fmt: skip
+    async with run_frontend(config) as running:
+        await wait_for_models(running, {"demo"})
+        await _apply(running.http, "shy", "file:///adapters/shy")
+        answer = await _complete(running.http, "shy")
+        assert answer.status_code == 200, answer.text
+        assert forgetful.loads == ["shy", "shy"]
+
+
 async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
     workers, nats_url, etcd, namespace, frontend
 ) -> None:
