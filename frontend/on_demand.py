@@ -4,9 +4,11 @@ The instances serving the adapter's base model with LoRA management on (their
 base card's ``runtime_config.enable_lora``) are tried with the lifecycle's
 ``load_lora`` over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``)
 when one is set: one already loading the adapter first, then those with a free
-slot, by fewest requests in flight, as their load records say (``FleetLoads``);
-ties, and instances that publish no record, keep rendezvous order (the order
-every worker's placement uses). Concurrent requests for the same cold adapter
+slot, by fewest requests in flight, then the full ones whose eviction costs
+least, as their load records say (``FleetLoads``); ties, and instances that
+publish no record, keep rendezvous order (the order every worker's placement
+uses). Each is first asked to keep placed copies; only when all refuse are the
+full ones asked to evict one. Concurrent requests for the same cold adapter
 share one load, at most ``queue_limit`` of them (429 beyond); the load runs in
 its own task, so a client that gives up does not cancel it. The answer is the
 served model once this frontend's registry shows the new card. A load that
@@ -42,7 +44,13 @@ from frontend.request_plane import RequestPlane
 from proto.adapters import AdapterSpec, LoadLoraRequest
 from proto.auth import bearer_header
 from proto.discovery import Instance
-from proto.errors import ErrorInfo, LorafleetError, UnauthorizedError, error_from_info
+from proto.errors import (
+    CapacityError,
+    ErrorInfo,
+    LorafleetError,
+    UnauthorizedError,
+    error_from_info,
+)
 from proto.inference import UpdateReply, UpdateRequest
 from proto.placement import rendezvous_order
 from proto.uris import public_uri
@@ -74,10 +82,11 @@ def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> lis
     """``order`` (rendezvous) re-sorted: instances already loading ``adapter`` first (the
     lifecycle's lock makes a second load there wait for the first: no extra copy), then
     those with a free slot, by fewest in flight; instances without a load record go after
-    those with room and before the full ones. Full instances come by the fleet demand of
-    the adapter they would evict (their least-demanded one): a worker evicts its own
-    least-demanded adapter, so the load goes where that is the fleet's least-demanded,
-    not a popular adapter that would be loaded again soon."""
+    those with room and before the full ones. Full instances come by the adapter their
+    worker says it would evict (``InstanceLoad.evicts``): one placement did not put there
+    first (placement would load it again), then the least fleet demand, so the load does
+    not push out a popular adapter that would be loaded again soon; full instances where
+    nothing may go come last."""
     records = loads.records()
     loading = set(loads.loading(adapter))
 
@@ -89,8 +98,9 @@ def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> lis
             return 0, 0.0, 0
         if load.free_slots > 0:
             return 1, 0.0, load.in_flight
-        victim_rps = min((loads.demand(name) for name in load.loaded), default=0.0)
-        return 3, victim_rps, load.in_flight
+        if not load.evicts:
+            return 5, 0.0, load.in_flight
+        return 3 + load.evicts_placed, loads.demand(load.evicts), load.in_flight
 
     return sorted(order, key=rank)  # stable: ties keep rendezvous order
 
@@ -216,7 +226,8 @@ class OnDemandLoader:
                         waited_s=CARD_SHOWN_S)  # fmt: skip
 
     async def _load_on_one(self, spec: AdapterSpec) -> int:
-        """Try the base model's instances, least loaded first, until one loads the adapter."""
+        """Try the base model's instances, least loaded first, until one loads the adapter:
+        first asking each to keep its placed copies, then the full ones to evict one."""
         base = self._registry.get(spec.base_model)
         if base is None or base.parent is not None:
             raise BaseModelUnavailableError(spec.name, spec.base_model)
@@ -225,22 +236,25 @@ class OnDemandLoader:
             for instance in base.instances
             if self._manages_adapters(base.name, instance.instance_id)
         }
+        order = least_loaded_first(rendezvous_order(spec.name, by_id), self._fleet, spec.name)
         last: LorafleetError | None = None
-        for instance_id in least_loaded_first(
-            rendezvous_order(spec.name, by_id), self._fleet, spec.name
-        ):
-            try:
-                await self._load_on(by_id[instance_id], spec)
-            except InstanceLostError as exc:
-                last = exc
-            except WorkerError as exc:
-                if exc.error.code not in TRY_NEXT_CODES:
-                    raise
-                last = exc
-            else:
-                return instance_id
-            log.info("on-demand load goes to the next instance", adapter=spec.name,
-                     instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
+        full: list[int] = []
+        for evict_placed, instances in ((False, order), (True, full)):
+            for instance_id in instances:
+                try:
+                    await self._load_on(by_id[instance_id], spec, evict_placed=evict_placed)
+                except InstanceLostError as exc:
+                    last = exc
+                except WorkerError as exc:
+                    if exc.error.code not in TRY_NEXT_CODES:
+                        raise
+                    last = exc
+                    if exc.error.code == CapacityError.code and not evict_placed:
+                        full.append(instance_id)
+                else:
+                    return instance_id
+                log.info("on-demand load goes to the next instance", adapter=spec.name,
+                         instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
         raise last or BaseModelUnavailableError(spec.name, spec.base_model)
 
     def _manages_adapters(self, base_model: str, instance_id: int) -> bool:
@@ -249,11 +263,10 @@ class OnDemandLoader:
         card = self._registry.card_on(base_model, instance_id)
         return card is not None and card.runtime_config.enable_lora
 
-    async def _load_on(self, instance: Instance, spec: AdapterSpec) -> None:
+    async def _load_on(self, instance: Instance, spec: AdapterSpec, *, evict_placed: bool) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""
-        update = UpdateRequest.of(
-            LOAD_UPDATE, LoadLoraRequest(lora_name=spec.name, source=spec.source)
-        )
+        load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=evict_placed)
+        update = UpdateRequest.of(LOAD_UPDATE, load)
         reply = await self._plane.open(instance.subject, update, headers=self._headers)
         try:
             answer = await reply.receive(_decode_update, instance.instance_id, self._settings)

@@ -63,6 +63,10 @@ class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
 
     lora_name: LoraName
     source: LoraSource
+    evict_placed: bool = True
+    """False: answer 429 ``capacity`` rather than evict a copy placement chose this instance
+    for (placement would load it back: two loads for one). Frontends' on-demand loads ask
+    every instance so first, then again allowing it."""
 
 
 class UnloadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):

@@ -45,6 +45,14 @@ class InstanceLoad(msgspec.Struct, kw_only=True, frozen=True):
     """Recent requests per second per adapter served here (decayed; idle adapters drop out)."""
     failed: dict[str, LoadFailure] = msgspec.field(default_factory=dict)
     """Adapters this worker failed to load, by name, until a load of them succeeds."""
+    evicts: str = ""
+    """The adapter a load here would evict now ("" when none may go: pinned, busy, or the
+    last warm copy of one in use). Frontends send a cold load to the full instance whose
+    ``evicts`` the fleet asks least for: the worker's own choice, not a guess from
+    ``loaded``, which counts busy and placed adapters too."""
+    evicts_placed: bool = False
+    """Whether ``evicts`` is a copy placement chose this instance for: evicting it costs a
+    second load when placement puts it back, so frontends try other full instances first."""
 
     @property
     def free_slots(self) -> int:

@@ -83,6 +83,7 @@ class LoadReport:
     def record(self) -> InstanceLoad:
         """The record as it stands now."""
         controller = self._controller
+        evicts = controller.eviction_candidate() or ""
         return InstanceLoad(
             base_model=controller.base_model,
             max_loras=controller.max_loras,
@@ -91,6 +92,8 @@ class LoadReport:
             in_flight=controller.in_flight,
             demand=controller.demand.rates(),
             failed=dict(sorted(self._failures().items())),
+            evicts=evicts,
+            evicts_placed=evicts in controller.placed,
         )
 
     async def aclose(self) -> None:

@@ -208,7 +208,7 @@ class LoraController:
             async with self._lock(name):
                 started = time.perf_counter()
                 with _counted("load", name):
-                    message = await self._load_locked(name, uri)
+                    message = await self._load_locked(name, uri, request.evict_placed)
                 metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
         self._observe_slots()
         return LoraResponse(
@@ -277,13 +277,13 @@ class LoraController:
             )
         return uri
 
-    async def _load_locked(self, name: str, uri: str) -> str:
+    async def _load_locked(self, name: str, uri: str, evict_placed: bool) -> str:
         existing = self.loaded.get(name)
         if existing is not None:
             return await self._reload(name, uri, existing)
         path = await self._source.acquire(uri)
         try:
-            await self._add(name, path)
+            await self._add(name, path, evict_placed)
         except BaseException:
             self._source.release(uri)
             raise
@@ -295,27 +295,35 @@ class LoraController:
         log.info("adapter loaded", adapter=name, uri=redact_uri(uri), path=str(path))
         return f"adapter {name!r} loaded from {redact_uri(uri)}"
 
-    async def _add(self, name: str, path: Path) -> None:
+    async def _add(self, name: str, path: Path, evict_placed: bool) -> None:
         """Take a slot for ``name`` and add it to the engine; the slot is freed if that fails."""
-        await self._take_slot(name)
+        await self._take_slot(name, evict_placed)
         try:
             await self._backend.add_adapter(name, lora_id(name), path)
         finally:
             self._adding.discard(name)
 
-    async def _take_slot(self, name: str) -> None:
-        """Reserve a slot, unloading the least recently used idle adapter while all are taken."""
+    async def _take_slot(self, name: str, evict_placed: bool) -> None:
+        """Reserve a slot, evicting ``eviction_candidate`` while all are taken."""
         while True:
             self._check_id_collision(name)  # again after each await: others may have come
             if len(self.loaded) + len(self._adding) < self._max_loras:
                 break
-            victim = self._eviction_candidate()
+            victim = self.eviction_candidate()
+            taken = f"all {self._max_loras} adapter slots are taken by " + str(
+                sorted([*self.loaded, *self._adding])
+            )
             if victim is None:
                 raise CapacityError(
                     f"cannot load adapter {name!r}: every adapter slot is pinned or busy (or the "
-                    f"last warm copy of an adapter in use); all "
-                    f"{self._max_loras} adapter slots are taken by "
-                    f"{sorted([*self.loaded, *self._adding])}; unload one first",
+                    f"last warm copy of an adapter in use); {taken}; unload one first",
+                    lora_name=name,
+                )
+            if victim in self.placed and not evict_placed:
+                raise CapacityError(
+                    f"cannot load adapter {name!r} without evicting {victim!r}, which placement "
+                    f"chose this instance for, and the load asked to keep placed copies "
+                    f"(evict_placed: false); {taken}",
                     lora_name=name,
                 )
             log.info("evicting the adapter the fleet asks least for", adapter=victim,
@@ -325,7 +333,7 @@ class LoraController:
                     await self._unload_locked(victim, self.loaded[victim])
         self._adding.add(name)
 
-    def _eviction_candidate(self) -> str | None:
+    def eviction_candidate(self) -> str | None:
         """One that has served since its load before one just loaded, not placed here before
         placed, then the least fleet demand, then least recently used."""
         free = [

@@ -8,7 +8,8 @@ paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
 subscriber that answers nothing at all. Its base card says LoRA management is
 on unless ``enable_lora=False``. With ``answer_loads`` it serves
 ``update/load_lora`` by publishing the adapter's card (``lose_first_card``: not
-the first time, as if evicted before anyone saw it); otherwise it never
+the first time, as if evicted before anyone saw it; ``only_placed_copies``: after
+429 ``capacity`` to a load that keeps placed copies); otherwise it never
 answers updates, only records them. The real worker is used by the
 end-to-end tests.
 """
@@ -31,7 +32,7 @@ from discovery.keys import instance_key
 from discovery.lease import LeaseKeeper
 from proto.adapters import LoadLoraRequest, LoraResponse
 from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
-from proto.errors import ErrorInfo, UnavailableError, error_from_info
+from proto.errors import CapacityError, ErrorInfo, UnavailableError, error_from_info
 from proto.inference import FinalChunk, GenerateRequest, TokenChunk, UpdateReply, Usage
 from proto.naming import lora_id, lora_slug
 from worker.endpoint import Endpoint, EndpointAddress
@@ -63,6 +64,9 @@ class ScriptedEngine(LLMEngine):
         self.cancelled: list[str] = []
         self.loads: list[str] = []
         self.lose_first_card = False
+        self.only_placed_copies = False
+        self.load_asks: list[bool] = []
+        """``evict_placed`` of every load asked for, refused ones included."""
         self._endpoint: ModelEndpoint | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
@@ -100,6 +104,9 @@ class ScriptedEngine(LLMEngine):
     async def _load(self, request: LoadLoraRequest) -> LoraResponse:
         """Publish the adapter's card, then answer success, as the real lifecycle does."""
         assert self._endpoint is not None
+        self.load_asks.append(request.evict_placed)
+        if self.only_placed_copies and not request.evict_placed:
+            raise CapacityError("every slot holds a placed copy", lora_name=request.lora_name)
         self.loads.append(request.lora_name)
         if not self.lose_first_card or len(self.loads) > 1:
             await self._endpoint.register_model(self.card(request.lora_name))
@@ -124,6 +131,7 @@ class StandInWorker:
         context_length: int = 2048,
         answer_loads: bool = False,
         lose_first_card: bool = False,
+        only_placed_copies: bool = False,
         enable_lora: bool = True,
     ) -> None:
         self.nats_url = nats_url
@@ -138,6 +146,7 @@ class StandInWorker:
                               enable_lora=enable_lora, context_length=context_length)  # fmt: skip
         self.engine = ScriptedEngine(config, error=error, token_delay_s=token_delay_s)
         self.engine.lose_first_card = lose_first_card
+        self.engine.only_placed_copies = only_placed_copies
         self.registry = EngineRegistry()
         self.updates: list[str] = []
         self._stopped = asyncio.Event()

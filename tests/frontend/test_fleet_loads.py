@@ -48,16 +48,24 @@ async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
 
 
 async def test_a_full_instance_whose_eviction_costs_least_comes_first(etcd, namespace) -> None:
-    """With every slot taken, the load goes where the adapter it evicts has the least
-    fleet demand, not by rendezvous order or requests in flight alone."""
+    """With every slot taken, the load goes where the adapter the worker would evict has the
+    least fleet demand, not by rendezvous order or requests in flight alone; evicting a
+    placed copy (placement loads it again) only where no other full instance can take it,
+    and never first where nothing may go."""
     popular = InstanceLoad(base_model="demo", max_loras=2, loaded=["hot", "warm"],
-                           demand={"hot": 3.0, "warm": 1.0})  # fmt: skip
+                           demand={"hot": 3.0, "warm": 1.0}, evicts="warm")  # fmt: skip
     rotating = InstanceLoad(base_model="demo", max_loras=2, in_flight=4, loaded=["warm2", "cold"],
-                            demand={"warm2": 1.0, "cold": 0.01})  # fmt: skip
-    for instance_id, load in ((FULL, popular), (BUSY, rotating)):
+                            demand={"warm2": 1.0, "cold": 0.01}, evicts="cold")  # fmt: skip
+    placed = InstanceLoad(base_model="demo", max_loras=1, loaded=["kept"], demand={"kept": 0.001},
+                          evicts="kept", evicts_placed=True)  # fmt: skip
+    stuck = InstanceLoad(base_model="demo", max_loras=1, loaded=["busy"])  # nothing may go
+    records = ((FULL, popular), (BUSY, rotating), (IDLE, placed), (SILENT, stuck))
+    for instance_id, load in records:
         await _put(etcd, namespace, instance_id, load)
     loads = await FleetLoads.start(etcd, namespace)
     try:
-        assert least_loaded_first([FULL, BUSY], loads, "new") == [BUSY, FULL]
+        assert least_loaded_first([SILENT, IDLE, FULL, BUSY], loads, "new") == [
+            BUSY, FULL, IDLE, SILENT
+        ]  # fmt: skip
     finally:
         await loads.aclose()

@@ -222,6 +222,25 @@ async def test_a_load_whose_card_never_shows_is_asked_for_again(
         assert forgetful.loads == ["shy", "shy"]
 
 
+async def test_a_cold_load_evicts_a_placed_copy_only_when_every_instance_must(
+    workers, nats_url, etcd, namespace, etcd_url
+) -> None:
+    """Every slot holds a placed copy: the first ask keeps them (429), the second evicts one
+    rather than failing the request."""
+    placed_full = await StandInWorker(nats_url, etcd, namespace, "demo", answer_loads=True,
+                                      only_placed_copies=True).start()  # fmt: skip
+    workers.append(placed_full)
+    config = FrontendConfig(namespace=namespace,
+                            etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH)  # fmt: skip
+    async with run_frontend(config) as running:
+        await wait_for_models(running, {"demo"})
+        await _apply(running.http, "cold", "file:///adapters/cold")
+        answer = await _complete(running.http, "cold")
+        assert answer.status_code == 200, answer.text
+        assert placed_full.engine.load_asks == [False, True]
+
+
 async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
     workers, nats_url, etcd, namespace, frontend
 ) -> None:

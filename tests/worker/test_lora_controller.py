@@ -150,6 +150,22 @@ async def test_full_slots_evict_the_least_recently_used_idle_adapter(
     assert engine.adapters == expected
 
 
+async def test_a_load_that_keeps_placed_copies_is_refused_where_only_placed_ones_may_go(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
+    controller.placed = {"pirate", "robot"}
+    keep = LoadLoraRequest(lora_name="chef", source=LoraSource(uri=uris["chef"]),
+                           evict_placed=False)  # fmt: skip
+    with pytest.raises(CapacityError, match="which placement chose this instance for"):
+        await controller.load(keep)
+    assert engine.adapters.keys() == {"pirate", "robot"}
+
+    await controller.load(_load("chef", uris["chef"]))  # may evict: the second ask
+    assert "chef" in engine.adapters and len(engine.adapters) == 2
+    assert (await _cards(etcd, namespace)).keys() == engine.adapters.keys()
+
+
 async def test_a_load_keeps_an_adapter_whose_first_request_has_not_come(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:

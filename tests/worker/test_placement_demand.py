@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from proto.fleet_load import InstanceLoad
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (
@@ -135,6 +136,8 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
         await _ask(client, "busy")
     await _ask(client, "quiet")  # used last: plain LRU would evict "busy"
     await _wait_for_demand(etcd, namespace, me, "busy")
+    record = await _wait_for_record(etcd, namespace, me, lambda r: r.evicts == "quiet")
+    assert not record.evicts_placed  # frontends read it to pick where a cold load goes
 
     await _ask(client, "third")
     where = await wait_for_holders(etcd, namespace, lambda w, _: "third" in w, timeout_s=10)
@@ -149,6 +152,7 @@ async def test_eviction_takes_the_adapter_the_fleet_asks_least_for(
     assert "capacity" in str(refused.value) or refused.value.status_code == 429
     where, _ = await holders(etcd, namespace)
     assert set(where) == {"busy", "third"}
+    await _wait_for_record(etcd, namespace, me, lambda r: r.evicts == "")  # nothing may go
     await assert_invariant_everywhere([worker], etcd, namespace)
 
 
@@ -172,6 +176,18 @@ async def test_demand_without_a_recent_request_does_not_keep_a_slot(
     where, _ = await holders(etcd, namespace)
     assert set(where) == {"newer", "cold"}  # "older" had the least demand
     await assert_invariant_everywhere([worker], etcd, namespace)
+
+
+async def _wait_for_record(
+    etcd, namespace: str, instance: int, holds: Callable[[InstanceLoad], bool]
+) -> InstanceLoad:
+    """``instance``'s load record once ``holds`` is true of it (it is rewritten on changes)."""
+    async with asyncio.timeout(10):
+        while (record := (await load_records(etcd, namespace)).get(instance)) is None or not holds(
+            record
+        ):
+            await asyncio.sleep(0.1)
+    return record
 
 
 async def _wait_for_demand(etcd, namespace: str, instance: int, name: str) -> None:
