@@ -203,42 +203,37 @@ async def test_a_load_that_never_answers_times_out_with_503(
         assert 'lorafleet_frontend_on_demand_loads_total{outcome="timeout"} 1.0' in metrics
 
 
+async def _cold_request(frontend, name: str) -> httpx.Response:
+    """One request for ``name``, desired and on no instance: the stand-in is asked to load it."""
+    await wait_for_models(frontend, {"demo"})
+    await _apply(frontend.http, name, f"file:///adapters/{name}")
+    return await _complete(frontend.http, name)
+
+
 async def test_a_load_whose_card_never_shows_is_asked_for_again(
-    workers, nats_url, etcd, namespace, etcd_url
+    workers, nats_url, etcd, namespace, frontend
 ) -> None:
     """The worker answered the load, but its card went before the frontend saw it (evicted
     at once): the frontend loads again instead of waiting out its on-demand timeout."""
     forgetful = await StandInWorker(nats_url, etcd, namespace, "demo", answer_loads=True,
                                     lose_first_card=True).start()  # fmt: skip
     workers.append(forgetful)
-    config = FrontendConfig(namespace=namespace,
-                            etcd=EtcdSettings.from_endpoints(etcd_url),
-                            nats_server=nats_url, dispatch=FAST_DISPATCH)  # fmt: skip
-    async with run_frontend(config) as running:
-        await wait_for_models(running, {"demo"})
-        await _apply(running.http, "shy", "file:///adapters/shy")
-        answer = await _complete(running.http, "shy")
-        assert answer.status_code == 200, answer.text
-        assert forgetful.loads == ["shy", "shy"]
+    answer = await _cold_request(frontend, "shy")
+    assert answer.status_code == 200, answer.text
+    assert forgetful.loads == ["shy", "shy"]
 
 
 async def test_a_cold_load_evicts_a_placed_copy_only_when_every_instance_must(
-    workers, nats_url, etcd, namespace, etcd_url
+    workers, nats_url, etcd, namespace, frontend
 ) -> None:
     """Every slot holds a placed copy: the first ask keeps them (429), the second evicts one
     rather than failing the request."""
     placed_full = await StandInWorker(nats_url, etcd, namespace, "demo", answer_loads=True,
                                       only_placed_copies=True).start()  # fmt: skip
     workers.append(placed_full)
-    config = FrontendConfig(namespace=namespace,
-                            etcd=EtcdSettings.from_endpoints(etcd_url),
-                            nats_server=nats_url, dispatch=FAST_DISPATCH)  # fmt: skip
-    async with run_frontend(config) as running:
-        await wait_for_models(running, {"demo"})
-        await _apply(running.http, "cold", "file:///adapters/cold")
-        answer = await _complete(running.http, "cold")
-        assert answer.status_code == 200, answer.text
-        assert placed_full.engine.load_asks == [False, True]
+    answer = await _cold_request(frontend, "cold")
+    assert answer.status_code == 200, answer.text
+    assert placed_full.engine.load_asks == [False, True]
 
 
 async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
