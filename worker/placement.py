@@ -287,11 +287,14 @@ class Placement:
 
     async def _load(self, spec: AdapterSpec) -> None:
         try:
-            await self._controller.load(LoadLoraRequest(lora_name=spec.name, source=spec.source))
+            # evict_placed=False: the only other copies it could evict are ones the plan
+            # also wants here, which then evicted each other in turn (bench.placement)
+            load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=False)
+            await self._controller.load(load)
         except (CapacityError, UnavailableError) as exc:
-            # Not the adapter's failure: this worker is full (every slot pinned, busy or
-            # the last warm copy in use) or stopping. No record, no backoff: the next pass
-            # tries again, and the frontend keeps serving the adapter from elsewhere.
+            # Not the adapter's failure: this worker is full (every slot pinned, busy,
+            # placed or the last warm copy in use) or stopping. No record, no backoff: the
+            # next pass tries again, and the frontend keeps serving the adapter from elsewhere.
             log.debug("placement load deferred", adapter=spec.name, code=exc.code)
             return
         except LorafleetError as exc:
