@@ -1,7 +1,11 @@
 """Choose which instance serves a request: round robin or fewest requests in flight.
 
 Adapters always go to the instance with the fewest in flight among those that
-have them loaded (affinity); ``--router`` chooses for base models.
+have them loaded (affinity), and among those to the one this frontend sent the
+fewest requests lately: in flight is mostly 0 or 1 at a time, so without that the
+copies of a popular adapter took turns whatever else their instances served, and
+the instance that also held other busy adapters served 1.5 times the fleet's mean
+(``bench.placement``). ``--router`` chooses for base models.
 
 Pure bookkeeping, no I/O: the dispatcher tells the router when an attempt on an
 instance starts and finishes, and asks it for the next instance, excluding
@@ -11,6 +15,8 @@ those that already failed for this request. NATS never load-balances for us.
 from __future__ import annotations
 
 import abc
+import math
+import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
@@ -26,12 +32,25 @@ __all__ = [
 ]
 
 
-class Router(abc.ABC):
-    """Picks an instance among those serving a model and counts requests in flight."""
+SENT_HALF_LIFE_S: Final = 10.0
+"""Half-life of the per-instance counts of requests sent (the tie-break among copies)."""
+_RESCALE_EXPONENT: Final = math.log(1e12)
+"""Counts grow as ``e^(rate * t)`` instead of decaying (one ``exp`` per request, no walk
+over instances); past this exponent they are scaled back and the faded ones dropped."""
 
-    def __init__(self) -> None:
+
+class Router(abc.ABC):
+    """Picks an instance among those serving a model; counts requests in flight and sent."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._inflight: dict[int, int] = {}
         self._turns: dict[str, int] = {}
+        self._clock = clock
+        self._growth_per_s = math.log(2) / SENT_HALF_LIFE_S
+        self._since = clock()
+        self._sent: dict[int, float] = {}
+        """Instance -> requests sent, each weighted ``e^(growth * (t - since))``: comparing
+        them compares the decayed counts, which all share one factor."""
 
     @abc.abstractmethod
     def pick(
@@ -46,6 +65,18 @@ class Router(abc.ABC):
     def started(self, instance_id: int) -> None:
         """An attempt on ``instance_id`` began."""
         self._inflight[instance_id] = self._inflight.get(instance_id, 0) + 1
+        exponent = self._growth_per_s * (self._clock() - self._since)
+        if exponent > _RESCALE_EXPONENT:
+            self._rescale(exponent)
+            exponent = 0.0
+        self._sent[instance_id] = self._sent.get(instance_id, 0.0) + math.exp(exponent)
+
+    def _rescale(self, exponent: float) -> None:
+        """Start the weights again at 1 now; instances not sent to for minutes drop out."""
+        self._since = self._clock()
+        fade = math.exp(-exponent)  # 0.0 after hours: everything has faded
+        scaled = {iid: sent * fade for iid, sent in self._sent.items()}
+        self._sent = {iid: sent for iid, sent in scaled.items() if sent > fade}
 
     def finished(self, instance_id: int) -> None:
         """An attempt on ``instance_id`` ended (answered, failed or cancelled)."""
@@ -58,7 +89,8 @@ class Router(abc.ABC):
     def pick_least_inflight(
         self, model: str, instances: Sequence[Instance], exclude: Container[int] = ()
     ) -> Instance | None:
-        """The instance with the fewest attempts in flight; ties rotate round robin.
+        """The instance with the fewest attempts in flight, then the fewest sent lately;
+        ties rotate round robin.
 
         Adapters are always routed this way (affinity: ``instances`` are those that
         have the adapter loaded); base models follow the configured ``pick``.
@@ -68,12 +100,13 @@ class Router(abc.ABC):
             return None
         start = self._next_turn(model)
         best: Instance | None = None
-        best_load = 0
+        best_load = (0, 0.0)
         for offset in range(count):
             instance = instances[(start + offset) % count]
             if instance.instance_id in exclude:
                 continue
-            load = self._inflight.get(instance.instance_id, 0)
+            iid = instance.instance_id
+            load = (self._inflight.get(iid, 0), self._sent.get(iid, 0.0))
             if best is None or load < best_load:
                 best, best_load = instance, load
         return best

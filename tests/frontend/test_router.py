@@ -8,6 +8,7 @@ import pytest
 
 from frontend.router import LeastInflightRouter, RoundRobinRouter, make_router
 from proto.discovery import Instance
+from tests.hand_clock import HandClock
 
 
 def _instances(count: int) -> list[Instance]:
@@ -80,3 +81,36 @@ def test_adapters_go_to_the_least_busy_instance_whatever_the_router() -> None:
     picks = {router.pick_least_inflight("pirate", instances).instance_id for _ in range(6)}
     assert picks == {2}
     assert router.pick_least_inflight("pirate", instances, exclude={2}).instance_id in {1, 3}
+
+
+def _send(router: RoundRobinRouter, instance_id: int, requests: int) -> None:
+    for _ in range(requests):
+        router.started(instance_id)
+        router.finished(instance_id)
+
+
+def test_among_idle_copies_the_one_sent_the_fewest_lately_wins() -> None:
+    """Copies of a popular adapter share its requests by what their instances were sent,
+    not in turn: the instance that also serves other models gets fewer of them."""
+    router, instances = RoundRobinRouter(clock=HandClock()), _instances(3)
+    _send(router, 1, 5)  # instance 1 also serves another model
+    _send(router, 2, 2)
+    picks = []
+    for _ in range(6):
+        pick = router.pick_least_inflight("pirate", instances).instance_id
+        picks.append(pick)
+        _send(router, pick, 1)
+    assert picks[:2] == [3, 3] and 1 not in picks[:5]
+
+
+def test_what_an_instance_was_sent_long_ago_fades() -> None:
+    clock = HandClock()
+    router, instances = RoundRobinRouter(clock=clock), _instances(2)
+    _send(router, 1, 100)
+    clock.now += 60  # six half-lives: 100 reads as about 1.6
+    _send(router, 2, 2)
+    assert router.pick_least_inflight("pirate", instances) == instances[0]
+    clock.now += 20_000  # far past where the weights would overflow a float
+    _send(router, 1, 3)
+    _send(router, 2, 1)
+    assert router.pick_least_inflight("pirate", instances) == instances[1]
