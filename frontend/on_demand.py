@@ -52,7 +52,7 @@ from proto.errors import (
     error_from_info,
 )
 from proto.inference import UpdateReply, UpdateRequest
-from proto.placement import rendezvous_order
+from proto.placement import IN_USE_RPS, rendezvous_order
 from proto.uris import public_uri
 
 __all__ = [
@@ -85,22 +85,26 @@ def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> lis
     those with room and before the full ones. Full instances come by the adapter their
     worker says it would evict (``InstanceLoad.evicts``): one placement did not put there
     first (placement would load it again), then the least fleet demand, so the load does
-    not push out a popular adapter that would be loaded again soon; full instances where
-    nothing may go come last."""
+    not push out a popular adapter that would be loaded again soon (every adapter below
+    ``IN_USE_RPS`` costs alike); full instances where nothing may go come last. Equals
+    go by requests in flight, then by requests served lately (the record's demand
+    summed), so the tail's loads land on the least busy instances."""
     records = loads.records()
     loading = set(loads.loading(adapter))
 
-    def rank(instance_id: int) -> tuple[int, float, int]:
+    def rank(instance_id: int) -> tuple[int, float, int, float]:
         load = records.get(instance_id)
         if load is None:
-            return 2, 0.0, 0
+            return 2, 0.0, 0, 0.0
         if instance_id in loading:
-            return 0, 0.0, 0
+            return 0, 0.0, 0, 0.0
+        served_rps = sum(load.demand.values())
         if load.free_slots > 0:
-            return 1, 0.0, load.in_flight
+            return 1, 0.0, load.in_flight, served_rps
         if not load.evicts:
-            return 5, 0.0, load.in_flight
-        return 3 + load.evicts_placed, loads.demand(load.evicts), load.in_flight
+            return 5, 0.0, load.in_flight, served_rps
+        victim_rps = max(IN_USE_RPS, loads.demand(load.evicts))  # a trickle costs alike
+        return 3 + load.evicts_placed, victim_rps, load.in_flight, served_rps
 
     return sorted(order, key=rank)  # stable: ties keep rendezvous order
 

@@ -58,8 +58,9 @@ class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
     uri: Uri
 
 
-class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
-    """Body of ``POST /engine/update/load_lora`` and ``POST /v1/loras``."""
+class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """Body of ``POST /engine/update/load_lora`` and ``POST /v1/loras`` (a default field is
+    left off the wire, so a plain load reads as it did before ``evict_placed``)."""
 
     lora_name: LoraName
     source: LoraSource

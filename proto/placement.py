@@ -20,6 +20,7 @@ from typing import Final, Literal
 import blake3
 
 __all__ = [
+    "IN_USE_RPS",
     "LOAD_BOUND_EPS",
     "RendezvousCache",
     "chosen_instances",
@@ -35,6 +36,9 @@ PREFETCH_FRACTION: Final = 0.7
 """Add a copy once demand per copy passes this share of the per-copy threshold (prefetch)."""
 DROP_FRACTION: Final = 0.5
 """Drop a copy only when one fewer would each see less than this share (hysteresis)."""
+IN_USE_RPS: Final = 0.1
+"""Fleet demand below this is a trickle: such an adapter is never "in use" (eviction keeps
+no slot for it), and evicting one costs about the same as evicting another."""
 
 
 _MASK_64: Final = (1 << 64) - 1

@@ -46,6 +46,7 @@ from proto.errors import (
 )
 from proto.limits import shorten
 from proto.naming import lora_id, lora_slug
+from proto.placement import IN_USE_RPS
 from proto.uris import split_uri
 from worker import metrics
 from worker.demand import DemandMeter
@@ -56,8 +57,6 @@ __all__ = ["AdapterSource", "ChangeListener", "FleetDemand", "LoadedAdapter", "L
 
 log = structlog.get_logger(__name__)
 
-IN_USE_RPS: Final = 0.1
-"""Fleet demand below this is a trickle: such an adapter is never "in use"."""
 IN_USE_S: Final = 2.0
 """An adapter with demand that served a request (or loaded) this recently is "in use": its
 last warm copy is never evicted (``--lora-in-use-s``)."""

@@ -69,3 +69,21 @@ async def test_a_full_instance_whose_eviction_costs_least_comes_first(etcd, name
         ]  # fmt: skip
     finally:
         await loads.aclose()
+
+
+async def test_among_full_instances_evicting_a_trickle_the_least_busy_comes_first(
+    etcd, namespace
+) -> None:
+    """Evicting an adapter asked for less than once in ten seconds costs about the same
+    anywhere, so the tail's loads go to the instance serving the fewest requests."""
+    busy = InstanceLoad(base_model="demo", max_loras=2, loaded=["hot", "rare"],
+                        demand={"hot": 4.0, "rare": 0.01}, evicts="rare")  # fmt: skip
+    quiet = InstanceLoad(base_model="demo", max_loras=2, loaded=["mild", "scarce"],
+                         demand={"mild": 0.5, "scarce": 0.05}, evicts="scarce")  # fmt: skip
+    for instance_id, load in ((BUSY, busy), (IDLE, quiet)):
+        await _put(etcd, namespace, instance_id, load)
+    loads = await FleetLoads.start(etcd, namespace)
+    try:
+        assert least_loaded_first([BUSY, IDLE], loads, "new") == [IDLE, BUSY]
+    finally:
+        await loads.aclose()
