@@ -125,6 +125,7 @@ from proto.openai import (
     UsageInfo,
 )
 from proto.placement import (
+    IN_USE_RPS,
     LOAD_BOUND_EPS,
     RendezvousCache,
     chosen_instances,
@@ -192,6 +193,7 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "INT64_MAX",
     "INT64_MIN",
+    "IN_USE_RPS",
     "Instance",
     "InstanceLoad",
     "InstanceMessage",
