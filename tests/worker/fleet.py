@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 import msgspec
 
-from discovery.keys import adapter_key
+from discovery.keys import adapter_key, load_prefix
+from discovery.watch_cache import WatchCache
 from proto.adapters import AdapterSpec, LoraSource
 from proto.discovery import decode_card
 from proto.fleet_load import InstanceLoad, decode_instance_load
@@ -45,9 +46,33 @@ async def holders(etcd, namespace: str) -> tuple[Holders, set[int]]:
 
 async def load_records(etcd, namespace: str) -> dict[int, InstanceLoad]:
     """Instance -> its load record."""
-    records = await etcd.get_prefix(f"v1/load/{namespace}/".encode())
-    return {int(kv.key.decode().rsplit("/", 1)[1], 16): decode_instance_load(kv.value)
-            for kv in records}  # fmt: skip
+    records = await etcd.get_prefix(load_prefix(namespace).encode())
+    return {_instance_of(kv.key.decode()): decode_instance_load(kv.value) for kv in records}
+
+
+async def wait_for_records(
+    etcd,
+    namespace: str,
+    done: Callable[[dict[int, InstanceLoad]], bool],
+    timeout_s: float = 10,
+) -> dict[int, InstanceLoad]:
+    """Instance -> its load record, once ``done`` holds of them: woken by etcd's watch on
+    every rewrite of a record, not by a poll."""
+    cache = await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load)
+
+    def by_instance(items: Mapping[str, InstanceLoad]) -> dict[int, InstanceLoad]:
+        return {_instance_of(key): record for key, record in items.items()}
+
+    try:
+        await cache.wait_until(lambda items: done(by_instance(items)), timeout_s)
+        return by_instance(cache.items)
+    finally:
+        await cache.aclose()
+
+
+def _instance_of(key: str) -> int:
+    """The instance id at the end of a load record's key."""
+    return int(key.rsplit("/", 1)[1], 16)
 
 
 async def wait_for_holders(

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from proto.fleet_load import InstanceLoad
+from proto.placement import IN_USE_RPS
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (
@@ -23,6 +24,7 @@ from tests.worker.fleet import (
     load_records,
     put_spec,
     wait_for_holders,
+    wait_for_records,
 )
 
 FAST_COPIES = ("--lora-copy-rps", "2", "--lora-copy-cooldown-s", "1",
@@ -115,11 +117,9 @@ async def test_an_on_demand_adapter_keeps_one_warm_copy_when_its_demand_falls(
     async with _traffic(client, "hot"):
         await wait_for_holders(etcd, namespace, copies(2), timeout_s=30)
     await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)  # decay, cool-down
-    async with asyncio.timeout(30):  # until no record shows demand: nothing changes after
-        while any(
-            "hot" in record.demand for record in (await load_records(etcd, namespace)).values()
-        ):
-            await asyncio.sleep(0.1)
+    # until no record shows demand: nothing changes after
+    no_demand = lambda records: not any("hot" in r.demand for r in records.values())  # noqa: E731
+    await wait_for_records(etcd, namespace, no_demand, timeout_s=30)
     where, _ = await holders(etcd, namespace)
     assert len(where.get("hot", ())) == 1
     await assert_invariant_everywhere(workers, etcd, namespace)
@@ -182,21 +182,17 @@ async def _wait_for_record(
     etcd, namespace: str, instance: int, holds: Callable[[InstanceLoad], bool]
 ) -> InstanceLoad:
     """``instance``'s load record once ``holds`` is true of it (it is rewritten on changes)."""
-    async with asyncio.timeout(10):
-        while (record := (await load_records(etcd, namespace)).get(instance)) is None or not holds(
-            record
-        ):
-            await asyncio.sleep(0.1)
-    return record
+    records = await wait_for_records(
+        etcd, namespace, lambda records: instance in records and holds(records[instance])
+    )
+    return records[instance]
 
 
 async def _wait_for_demand(etcd, namespace: str, instance: int, name: str) -> None:
-    """Until ``instance``'s load record shows ``name`` in use (at least 0.1 req/s)."""
-    async with asyncio.timeout(10):
-        while (await load_records(etcd, namespace)).get(instance) is None or (
-            (await load_records(etcd, namespace))[instance].demand.get(name, 0.0) < 0.1
-        ):
-            await asyncio.sleep(0.1)
+    """Until ``instance``'s load record shows ``name`` in use (at least ``IN_USE_RPS``)."""
+    await _wait_for_record(
+        etcd, namespace, instance, lambda record: record.demand.get(name, 0.0) >= IN_USE_RPS
+    )
 
 
 async def test_a_failing_load_backs_off_shows_in_the_load_record_and_recovers(
