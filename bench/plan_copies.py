@@ -1,8 +1,8 @@
 """How long one placement pass takes per change, for a large fleet (issue 15: under 50 ms).
 
 Times ``proto.placement.plan_copies`` as every worker runs it on each change: the
-same ``RendezvousCache`` across passes, the current copies as ``held``. Default
-shape: 100 instances of 200 slots, 10,000 adapters of 1 to 3 copies. No servers:
+same ``RendezvousCache`` across passes, the current copies as ``held``, Zipf(1.0)
+demand. Default shape: 100 instances of 200 slots, 10,000 adapters of 1 to 3 copies. No servers:
 pure CPU in this process; wall and CPU time are both reported (the CPU time
 does not count other processes on a shared machine).
 """
@@ -10,6 +10,7 @@ does not count other processes on a shared machine).
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import time
@@ -52,24 +53,21 @@ def time_changes(
     rng = random.Random(seed)
     slots = {rng.getrandbits(63): slots_each for _ in range(instances)}
     copies = {f"adapter-{i}": rng.choice([1, 1, 1, 2, 3]) for i in range(adapters)}
-    cache = RendezvousCache()
+    demand = {name: 100 / rank for rank, name in enumerate(copies, start=1)}
+    plan = functools.partial(plan_copies, demand=demand, cache=RendezvousCache())
     started = time.perf_counter()
-    held = _held(plan_copies(copies, slots, cache=cache))
+    held = _held(plan(copies, slots))
     first_ms = (time.perf_counter() - started) * 1000
     newcomer, leaver = rng.getrandbits(63), next(iter(slots))
     hot = {name: n + 1 for name, n in list(copies.items())[:100]}
-    settled = lambda: plan_copies(copies, slots, held=held, cache=cache)  # noqa: E731
+    settled = lambda: plan(copies, slots, held=held)  # noqa: E731
     changes: dict[str, Callable[[], object]] = {
         "nothing changed": settled,
-        "an instance joins": lambda: plan_copies(
-            copies, {**slots, newcomer: slots_each}, held=held, cache=cache
+        "an instance joins": lambda: plan(copies, {**slots, newcomer: slots_each}, held=held),
+        "an instance leaves": lambda: plan(
+            copies, {k: v for k, v in slots.items() if k != leaver}, held=held
         ),
-        "an instance leaves": lambda: plan_copies(
-            copies, {k: v for k, v in slots.items() if k != leaver}, held=held, cache=cache
-        ),
-        "100 adapters get a copy more": lambda: plan_copies(
-            {**copies, **hot}, slots, held=held, cache=cache
-        ),
+        "100 adapters get a copy more": lambda: plan({**copies, **hot}, slots, held=held),
     }
     rows = [{"change": "first pass (every weight)", "ms": round(first_ms, 1), "cpu_ms": None}]
     for name, call in changes.items():

@@ -6,7 +6,11 @@ when an instance comes or goes, only the adapters that ranked it among their
 chosen ones move. Bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent
 Hashing with Bounded Loads", 2018) skip an instance that is full or holds more
 than ``ceil((1 + eps) * copies / instances)`` copies, so no instance is left
-empty while another overflows. No I/O here: ``bench`` times these functions.
+empty while another overflows. Given the adapters' demand, the same bound applies to
+demand too: each copy carries its share of its adapter's requests, and an instance takes
+a new copy only while its share stays within ``1 + eps`` of its fair one (weighted
+bounded loads), so two popular adapters do not land on one instance. No I/O here:
+``bench`` times these functions.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Final, Literal
 import blake3
 
 __all__ = [
+    "HELD_DEMAND_EPS",
     "IN_USE_RPS",
     "LOAD_BOUND_EPS",
     "RendezvousCache",
@@ -31,7 +36,12 @@ __all__ = [
 ]
 
 LOAD_BOUND_EPS: Final = 0.25
-"""Bounded loads' epsilon: an instance holds at most 1.25 times its fair share of copies."""
+"""Bounded loads' epsilon: an instance holds at most 1.25 times its fair share of copies,
+and takes a new copy only while its demand stays within 1.25 times its fair share."""
+HELD_DEMAND_EPS: Final = 0.5
+"""A copy already held stays while its instance's demand is within 1.5 times its fair
+share: moving a copy costs a load, so held copies get more room than new ones, and demand's
+noise does not move them back and forth."""
 PREFETCH_FRACTION: Final = 0.7
 """Add a copy once demand per copy passes this share of the per-copy threshold (prefetch)."""
 DROP_FRACTION: Final = 0.5
@@ -159,6 +169,7 @@ def plan_copies(
     slots: Mapping[int, int],
     *,
     held: Mapping[int, Collection[str]] | None = None,
+    demand: Mapping[str, float] | None = None,
     eps: float = LOAD_BOUND_EPS,
     cache: RendezvousCache | None = None,
 ) -> dict[str, list[int]]:
@@ -171,6 +182,11 @@ def plan_copies(
         held: instance id -> adapters it holds now (cards and loads in progress). A copy
             already held stays where it is while the bound allows (no thrash); held adapters
             with no copies wanted take their slot (placement does not evict them).
+        demand: adapter -> its requests per second across the fleet (None: placed by count
+            alone). A copy carries ``demand / copies``; an instance takes a new copy while
+            its demand stays within ``1 + eps`` of its fair share by slots, keeps a held one
+            within ``1 + HELD_DEMAND_EPS``, and takes any copy while it has no demand yet;
+            only when no instance with room passes that does a copy go past it.
         eps: an instance gets at most ``ceil((1 + eps) * total * slots_i / all_slots)``
             copies (bounded loads; equal slots: ``ceil((1 + eps) * total / instances)``).
         cache: rendezvous orders kept between calls (``set_instances`` is called here).
@@ -178,22 +194,26 @@ def plan_copies(
     Returns:
         adapter -> the instances that should hold it (kept holders first, then rendezvous
         order); adapters with copies wanted only. An adapter gets fewer copies than wanted
-        only when no instance with room is left. Adapters are taken by name, so every
-        caller gets the same plan.
+        only when no instance with room is left. Adapters are taken busiest copy first,
+        then by name, so every caller with the same view gets the same plan.
     """
     held = held or {}
     cache = cache or RendezvousCache()
     cache.set_instances(slots)
     wanted = {name: min(n, len(slots)) for name, n in copies.items() if n > 0}
     room = _room(wanted, slots, held, eps)
+    bound = _DemandBound(wanted, slots, demand or {})
     plan: dict[str, list[int]] = {name: [] for name in sorted(wanted)}
-    _keep_held(plan, wanted, held, room, cache)
+    busiest_first = bound.busiest_first(plan)
+    _keep_held(plan, busiest_first, wanted, held, room, bound, cache)
     short = []
-    for name, where in plan.items():
-        if len(where) < wanted[name]:
-            _fill(name, where, wanted[name], room, cache)
+    for name in busiest_first:
+        where = plan[name]
+        for demand_eps in (eps, None):  # within the demand bound if any instance allows
             if len(where) < wanted[name]:
-                short.append(name)
+                _fill(name, where, wanted[name], room, cache, bound, demand_eps)
+        if len(where) < wanted[name]:
+            short.append(name)
     if short:
         _repair(plan, short, wanted, room, cache)
     return plan
@@ -215,46 +235,99 @@ def _room(
     return room
 
 
+class _DemandBound:
+    """Each instance's share of the placed adapters' demand, against its fair share.
+
+    A copy carries its adapter's demand divided by its copies (the router spreads an
+    adapter's requests over its copies). With no demand known every instance stays at
+    zero, so every copy fits and placement goes by count alone.
+    """
+
+    def __init__(
+        self, wanted: Mapping[str, int], slots: Mapping[int, int], demand: Mapping[str, float]
+    ) -> None:
+        total, all_slots = sum(demand.get(name, 0.0) for name in wanted), sum(slots.values()) or 1
+        self._fair = {iid: total * n_slots / all_slots for iid, n_slots in slots.items()}
+        self._per_copy = {name: demand.get(name, 0.0) / n for name, n in wanted.items()}
+        self._load = dict.fromkeys(slots, 0.0)
+
+    def busiest_first(self, names_in_order: Iterable[str]) -> list[str]:
+        """Names by demand per copy, busiest first; equals keep their order (the sort is
+        stable), so names given sorted come out the same for everyone."""
+        return sorted(names_in_order, key=self._per_copy.__getitem__, reverse=True)
+
+    def fits(self, instance_id: int, name: str, eps: float) -> bool:
+        """Whether a copy of ``name`` keeps the instance within ``1 + eps`` of its fair
+        share, or the instance has no demand yet (a copy busier than any share goes somewhere)."""
+        return bool(self.within([instance_id], name, eps))
+
+    def within(self, instance_ids: Iterable[int], name: str, eps: float) -> list[int]:
+        """Those of ``instance_ids`` that a copy of ``name`` fits (``fits``), in one call:
+        every held copy is checked on every pass."""
+        per_copy, load, fair = self._per_copy[name], self._load, self._fair
+        return [
+            iid for iid in instance_ids
+            if load[iid] == 0 or load[iid] + per_copy <= (1 + eps) * fair[iid]
+        ]  # fmt: skip
+
+    def add(self, instance_ids: Iterable[int], name: str) -> None:
+        """Count a copy of ``name`` on each of the instances."""
+        per_copy = self._per_copy[name]
+        for iid in instance_ids:
+            self._load[iid] += per_copy
+
+
 def _keep_held(
     plan: dict[str, list[int]],
+    busiest_first: list[str],
     wanted: Mapping[str, int],
     held: Mapping[int, Collection[str]],
     room: dict[int, int],
+    bound: _DemandBound,
     cache: RendezvousCache,
 ) -> None:
-    """Stickiness: copies already held count as placed, best-ranked holders first."""
+    """Stickiness: copies already held count as placed, best-ranked holders first, while
+    their instance's demand stays within ``HELD_DEMAND_EPS`` (busiest adapters kept first)."""
     holders: dict[str, list[int]] = defaultdict(list)
     for iid, names in held.items():
         if iid in room:
             for name in names:
                 if name in wanted:
                     holders[name].append(iid)
-    for name, where in plan.items():  # by name, whatever order ``held`` came in
+    for name in busiest_first:  # whatever order ``held`` came in
         candidates = holders.get(name)
         if not candidates:
             continue
-        if len(candidates) > 1 and not _all_fit(candidates, wanted[name], room):
-            candidates = [iid for iid in cache.order(name) if iid in candidates]
-        for iid in candidates:
-            if room[iid] > 0 and len(where) < wanted[name]:
-                where.append(iid)
-                room[iid] -= 1
-
-
-def _all_fit(candidates: list[int], count: int, room: Mapping[int, int]) -> bool:
-    """Whether every holder keeps its copy, so their rank does not matter."""
-    return len(candidates) <= count and all(room[iid] > 0 for iid in candidates)
+        where = plan[name]
+        with_room = [iid for iid in candidates if room[iid] > 0]
+        keeps = bound.within(with_room, name, HELD_DEMAND_EPS)
+        if len(keeps) > wanted[name]:  # not all stay: the best-ranked do
+            keeps = [iid for iid in cache.order(name) if iid in keeps][: wanted[name]]
+        where += keeps
+        bound.add(keeps, name)
+        for iid in keeps:
+            room[iid] -= 1
 
 
 def _fill(
-    name: str, where: list[int], count: int, room: dict[int, int], cache: RendezvousCache
+    name: str,
+    where: list[int],
+    count: int,
+    room: dict[int, int],
+    cache: RendezvousCache,
+    bound: _DemandBound,
+    demand_eps: float | None,
 ) -> None:
-    """Walk ``name``'s rendezvous order, skipping instances full or at their bound."""
+    """Walk ``name``'s rendezvous order, skipping instances full or at their bound, and
+    (``demand_eps`` given) those a copy would take past their demand bound."""
     for rank in cache._ranked_entries(name):
         iid = _ranked_id(rank)
         if room[iid] > 0 and iid not in where:
+            if demand_eps is not None and not bound.fits(iid, name, demand_eps):
+                continue
             where.append(iid)
             room[iid] -= 1
+            bound.add([iid], name)
             if len(where) == count:
                 return
 

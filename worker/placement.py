@@ -3,7 +3,8 @@
 Each worker watches the desired state (``v1/adapters/{ns}/``), the cards of its
 peers (``v1/mdc/{ns}/``) and their load records (``v1/load/{ns}/``), computes the
 same plan as every other worker (``proto.placement.plan_copies``: copies from
-fleet demand, rendezvous order with bounded loads, held copies stay) and
+fleet demand, rendezvous order with loads bounded by count and by demand, held copies
+stay) and
 converges by itself; there is no coordinator. Loads and unloads go through the
 same ``LoraController`` as the admin routes (locks, publish, rollback); failed
 loads back off (``worker.load_retries``); ``worker.load_report`` publishes this
@@ -17,6 +18,7 @@ import contextlib
 import enum
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -222,13 +224,26 @@ class Placement:
                 name: chosen_instances(name, replica_bounds(spec)[0], peers)
                 for name, spec in specs.items()
             }  # fmt: skip
-        copies = {name: self._target(spec, len(peers)) for name, spec in specs.items()}
-        return plan_copies(copies, peers, held=self._held(peers), cache=self._orders)
+        copies = {
+            name: self._target(spec, len(peers), self.demand_rps(name))
+            for name, spec in specs.items()
+        }
+        held = self._held(peers)
+        held[self._instance_id] |= self._controller.loaded.keys()  # before its card shows
+        demand = self._published_demand(specs)
+        return plan_copies(copies, peers, held=held, demand=demand, cache=self._orders)
 
-    def _target(self, spec: AdapterSpec, instances: int) -> int:
+    def _published_demand(self, names: Iterable[str]) -> dict[str, float]:
+        """Fleet demand per adapter from the load records alone, this worker's included:
+        every worker weighs copies from the same figures, so their plans agree."""
+        records = [
+            load for load in self._loads.items.values() if load.base_model == self._base_model
+        ]
+        return {name: sum(load.demand.get(name, 0.0) for load in records) for name in names}
+
+    def _target(self, spec: AdapterSpec, instances: int, demand_rps: float) -> int:
         low, high = (instances if n == "all" else n for n in replica_bounds(spec))
-        demand = self.demand_rps(spec.name)
-        return self._targets.target(spec.name, low=low, high=high, demand_rps=demand)
+        return self._targets.target(spec.name, low=low, high=high, demand_rps=demand_rps)
 
     def _held(self, peers: dict[int, int]) -> dict[int, set[str]]:
         """Instance -> adapters it has a card for or is loading now."""

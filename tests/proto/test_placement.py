@@ -117,3 +117,48 @@ def test_a_newcomer_beside_two_full_holders_leaves_no_adapter_short() -> None:
     plan = plan_copies({name: 2 for name in names}, {1: 10, 2: 10, 3: 10}, held=held)
     assert all(len(set(where)) == 2 for where in plan.values())
     assert sorted(len(names) for names in _held(plan).values()) == [2, 9, 9]
+
+
+def _on_one_instance(instances: list[int]) -> tuple[str, str]:
+    """Two adapters whose rendezvous order puts them first on the same instance."""
+    first: dict[int, str] = {}
+    for name in ADAPTERS:
+        top = rendezvous_order(name, instances)[0]
+        if top in first:
+            return first[top], name
+        first[top] = name
+    raise AssertionError("every adapter ranks a different instance first")
+
+
+def test_the_two_busiest_adapters_go_to_different_instances() -> None:
+    """Placed by count alone they share an instance that then serves most of the fleet's
+    requests; by demand each gets an instance to itself."""
+    slots = {1: 4, 2: 4, 3: 4, 4: 4}
+    busy_a, busy_b = _on_one_instance(list(slots))
+    quiet = [name for name in ADAPTERS if name not in (busy_a, busy_b)][:6]
+    copies = dict.fromkeys([busy_a, busy_b, *quiet], 1)
+    demand = {busy_a: 4.0, busy_b: 4.0} | dict.fromkeys(quiet, 0.5)
+
+    by_count = plan_copies(copies, slots)
+    assert by_count[busy_a] == by_count[busy_b]  # the case this test is about
+
+    by_demand = plan_copies(copies, slots, demand=demand)
+    assert by_demand[busy_a] != by_demand[busy_b]
+    held = _held(by_demand)
+    assert held[by_demand[busy_a][0]] == {busy_a}
+    assert held[by_demand[busy_b][0]] == {busy_b}
+    assert all(len(where) == 1 for where in by_demand.values())
+
+
+def test_a_held_copy_moves_only_when_its_instance_is_well_past_its_share() -> None:
+    copies = {"a": 1, "b": 1, "c": 1, "d": 1}
+    held = {1: {"a", "b"}, 2: {"c", "d"}}
+    slots = {1: 4, 2: 4}
+
+    def plan_with(busy_rps: float) -> dict[str, list[int]]:
+        demand = {"a": busy_rps, "b": busy_rps, "c": 1.0, "d": 1.0}
+        return plan_copies(copies, slots, held=held, demand=demand)
+
+    assert _held(plan_with(3.0)) == held  # 6 of 8 req/s: within 1.5x its share of 4
+    moved = plan_with(4.0)  # 8 of 10 req/s: past 1.5x its share of 5
+    assert moved["a"] == [1] and moved["b"] == [2]
