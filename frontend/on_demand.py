@@ -52,7 +52,7 @@ from proto.errors import (
     error_from_info,
 )
 from proto.inference import UpdateReply, UpdateRequest
-from proto.placement import IN_USE_RPS, rendezvous_order
+from proto.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
 from proto.uris import public_uri
 
 __all__ = [
@@ -88,23 +88,29 @@ def least_loaded_first(order: list[int], loads: FleetLoads, adapter: str) -> lis
     not push out a popular adapter that would be loaded again soon (every adapter below
     ``IN_USE_RPS`` costs alike); full instances where nothing may go come last. Equals
     go by requests in flight, then by requests served lately (the record's demand
-    summed), so the tail's loads land on the least busy instances."""
+    summed), so the tail's loads land on the least busy instances. Instances serving more
+    than ``1 + LOAD_BOUND_EPS`` times the mean (bounded loads, as placement) come after
+    every other that may take the load: a free slot on the busiest instance would make it
+    busier still."""
     records = loads.records()
     loading = set(loads.loading(adapter))
+    served = {iid: sum(load.demand.values()) for iid, load in records.items()}
+    busy_rps = (1 + LOAD_BOUND_EPS) * sum(served.values()) / (len(served) or 1)
 
-    def rank(instance_id: int) -> tuple[int, float, int, float]:
+    def rank(instance_id: int) -> tuple[int, int, float, int, float]:
         load = records.get(instance_id)
         if load is None:
-            return 2, 0.0, 0, 0.0
+            return 0, 2, 0.0, 0, 0.0
         if instance_id in loading:
-            return 0, 0.0, 0, 0.0
-        served_rps = sum(load.demand.values())
+            return 0, 0, 0.0, 0, 0.0
+        served_rps = served[instance_id]
+        if load.free_slots == 0 and not load.evicts:
+            return 2, 5, 0.0, load.in_flight, served_rps
+        over = int(served_rps > busy_rps)
         if load.free_slots > 0:
-            return 1, 0.0, load.in_flight, served_rps
-        if not load.evicts:
-            return 5, 0.0, load.in_flight, served_rps
+            return over, 1, 0.0, load.in_flight, served_rps
         victim_rps = max(IN_USE_RPS, loads.demand(load.evicts))  # a trickle costs alike
-        return 3 + load.evicts_placed, victim_rps, load.in_flight, served_rps
+        return over, 3 + load.evicts_placed, victim_rps, load.in_flight, served_rps
 
     return sorted(order, key=rank)  # stable: ties keep rendezvous order
 

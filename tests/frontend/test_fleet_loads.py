@@ -22,9 +22,10 @@ async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
     etcd, namespace
 ) -> None:
     failure = LoadFailure(code="not_found", message="no such file", at=1.0)
-    full = InstanceLoad(base_model="demo", max_loras=1, loaded=["a"], failed={"bad": failure})
+    full = InstanceLoad(base_model="demo", max_loras=1, loaded=["a"], failed={"bad": failure},
+                        demand={"a": 1.0})  # fmt: skip
     busy = InstanceLoad(base_model="demo", max_loras=2, in_flight=5, loading=["b"],
-                        demand={"a": 1.5})  # fmt: skip
+                        demand={"a": 1.0})  # fmt: skip
     idle = InstanceLoad(base_model="demo", max_loras=2, in_flight=1, demand={"a": 0.5})
     for instance_id, load in ((FULL, full), (BUSY, busy), (IDLE, idle)):
         await _put(etcd, namespace, instance_id, load)
@@ -35,7 +36,7 @@ async def test_least_loaded_first_prefers_a_free_slot_then_fewest_in_flight(
         assert least_loaded_first(everyone, loads, "a") == [IDLE, BUSY, SILENT, FULL]
         assert least_loaded_first([SILENT, FULL], loads, "a") == [SILENT, FULL]
         assert least_loaded_first(everyone, loads, "b") == [BUSY, IDLE, SILENT, FULL]  # joins
-        assert loads.demand("a") == 2.0
+        assert loads.demand("a") == 2.5
         assert loads.loading("b") == [BUSY]
         assert loads.failures("bad") == {FULL: failure}
 
@@ -53,12 +54,13 @@ async def test_a_full_instance_whose_eviction_costs_least_comes_first(etcd, name
     placed copy (placement loads it again) only where no other full instance can take it,
     and never first where nothing may go."""
     popular = InstanceLoad(base_model="demo", max_loras=2, loaded=["hot", "warm"],
-                           demand={"hot": 3.0, "warm": 1.0}, evicts="warm")  # fmt: skip
+                           demand={"hot": 1.0, "warm": 0.3}, evicts="warm")  # fmt: skip
     rotating = InstanceLoad(base_model="demo", max_loras=2, in_flight=4, loaded=["warm2", "cold"],
                             demand={"warm2": 1.0, "cold": 0.01}, evicts="cold")  # fmt: skip
     placed = InstanceLoad(base_model="demo", max_loras=1, loaded=["kept"], demand={"kept": 0.001},
                           evicts="kept", evicts_placed=True)  # fmt: skip
-    stuck = InstanceLoad(base_model="demo", max_loras=1, loaded=["busy"])  # nothing may go
+    stuck = InstanceLoad(base_model="demo", max_loras=1, loaded=["busy"],
+                         demand={"busy": 2.0})  # nothing may go  # fmt: skip
     records = ((FULL, popular), (BUSY, rotating), (IDLE, placed), (SILENT, stuck))
     for instance_id, load in records:
         await _put(etcd, namespace, instance_id, load)
@@ -85,5 +87,23 @@ async def test_among_full_instances_evicting_a_trickle_the_least_busy_comes_firs
     loads = await FleetLoads.start(etcd, namespace)
     try:
         assert least_loaded_first([BUSY, IDLE], loads, "new") == [IDLE, BUSY]
+    finally:
+        await loads.aclose()
+
+
+async def test_an_instance_past_the_load_bound_comes_after_the_others_even_with_a_free_slot(
+    etcd, namespace
+) -> None:
+    """An instance serving more than 1.25 times the mean takes a cold load only when no
+    other instance may: its free slot would make the busiest instance busier still."""
+    busiest = InstanceLoad(base_model="demo", max_loras=2, loaded=["hot"], demand={"hot": 3.0})
+    quiet = InstanceLoad(base_model="demo", max_loras=1, loaded=["mild"], demand={"mild": 0.5},
+                         evicts="mild")  # fmt: skip
+    stuck = InstanceLoad(base_model="demo", max_loras=1, loaded=["busy"], demand={"busy": 0.5})
+    for instance_id, load in ((BUSY, busiest), (IDLE, quiet), (FULL, stuck)):
+        await _put(etcd, namespace, instance_id, load)
+    loads = await FleetLoads.start(etcd, namespace)
+    try:
+        assert least_loaded_first([BUSY, FULL, IDLE], loads, "new") == [IDLE, BUSY, FULL]
     finally:
         await loads.aclose()
