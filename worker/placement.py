@@ -279,7 +279,7 @@ class Placement:
                 self._placed.discard(name)  # the plan let go of it: on demand's from now on
             if name in specs and name not in self._placed:
                 self._on_demand.add(name)
-            if self._should_unload(name, name in specs):
+            if self._should_unload(name, name in specs, plan):
                 await self._unload(name)
 
     def _keeps_copy(self, name: str, plan: dict[str, list[int]]) -> bool:
@@ -294,10 +294,13 @@ class Placement:
         first = next((iid for iid in self._orders.order(name) if iid in holders), None)
         return first == self._instance_id
 
-    def _should_unload(self, name: str, desired: bool) -> bool:
+    def _should_unload(self, name: str, desired: bool, plan: dict[str, list[int]]) -> bool:
         idle_s = self._controller.idle_s(name)
-        if name in self._placed or (name in self._on_demand and not desired):
-            return idle_s > 0  # no longer chosen, or deleted from the desired state: once idle
+        if name in self._on_demand and not desired:
+            return idle_s > 0  # deleted from the desired state: once idle
+        if name in self._placed:  # no longer chosen: once idle, and once the copies the
+            # plan wants are live (make before break: a moving copy is never missing)
+            return idle_s > 0 and (not desired or self.copies(name) > len(plan.get(name, ())))
         return desired and idle_s > self._settings.idle_unload_s  # on demand: while used
 
     async def _load(self, spec: AdapterSpec) -> None:

@@ -9,7 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from discovery.keys import card_prefix
+from discovery.watch_cache import WatchCache
 from proto.adapters import AdapterSpec
+from proto.discovery import decode_card
 from proto.placement import LOAD_BOUND_EPS, chosen_instances, rendezvous_order
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (
@@ -79,6 +82,32 @@ async def test_fleet_places_each_adapter_on_two_instances_and_heals(
     workers[1] = await asyncio.to_thread(fleet_worker)  # restarted: reloads its share by itself
     await wait_for_holders(etcd, namespace, _placed(3), timeout_s=20)
     await assert_invariant_everywhere(workers[1:], etcd, namespace)
+
+
+async def test_a_copy_moving_to_a_newcomer_is_loaded_there_before_it_leaves(
+    fleet_worker, specs, etcd, namespace
+):
+    """Make before break: the newcomer's loads take half a second, and meanwhile every
+    adapter keeps its two live copies (the old holder unloads only once the new one has it)."""
+    for _ in range(2):
+        await asyncio.to_thread(fleet_worker)
+    before = await wait_for_holders(etcd, namespace, _placed(2), timeout_s=20)
+    fewest = dict.fromkeys(NAMES, 2)
+
+    def count_copies(cards: WatchCache) -> None:
+        for name in NAMES:
+            live = sum(1 for card in cards.items.values() if card.lora and card.lora.name == name)
+            fewest[name] = min(fewest[name], live)
+
+    cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
+    cards.subscribe(lambda *_: count_copies(cards))
+    try:
+        await asyncio.to_thread(fleet_worker, "--engine-option", "add_adapter_delay_s=0.5")
+        after = await wait_for_holders(etcd, namespace, _placed(3), timeout_s=30)
+    finally:
+        await cards.aclose()
+    assert any(before[name] != after[name] for name in NAMES), "no copy moved"
+    assert fewest == dict.fromkeys(NAMES, 2)
 
 
 async def test_eight_single_copies_fill_four_workers_of_two_slots(
