@@ -81,12 +81,15 @@ class ModelHost:
     def forward(
         self,
         ids: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         positions: torch.Tensor,
         cache: DynamicCache,
         adapters: list[str],
     ) -> torch.Tensor:
-        """One forward pass; the last position's logits. Row ``i`` uses adapter ``adapters[i]``."""
+        """One forward pass; the last position's logits. Row ``i`` uses adapter ``adapters[i]``.
+
+        ``mask`` [rows, columns] marks the padding; None: there is none.
+        """
         self._lora.route(adapters)
         out = self.base(
             input_ids=ids,
