@@ -272,15 +272,12 @@ class DecodeBatch:
     def _sample(self, logits: torch.Tensor, rows: list[Row], into: int) -> list[int]:
         last = logits[:, -1].float().cpu()
         tokens = []
-        for row, row_logits, plain in zip(rows, last, draw_plain(last, rows), strict=True):
-            params = row.params
-            token = (
-                plain
-                if plain is not None
-                else sample_token(penalise(row_logits, params, row), params, row.rng)
-            )
+        for i, (row, token) in enumerate(zip(rows, draw_plain(last, rows), strict=True)):
+            params = row.params  # ``last[i]`` only where needed: a row view costs as much as a draw
+            if token is None:
+                token = sample_token(penalise(last[i], params, row), params, row.rng)
             if params.logprobs is not None:
-                row.scores.append(_scores(row_logits, token, params.logprobs))
+                row.scores.append(_scores(last[i], token, params.logprobs))
             row.output_ids.append(token)
             row.finished = token in self._eos_ids or len(row.output_ids) >= row.budget
             tokens.append(token)
