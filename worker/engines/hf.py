@@ -57,7 +57,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_BATCH_SIZE: Final = 16
 WAKE_INTERVAL_S: Final = 0.005
-"""The longest a token waits on the model thread for the event loop to be woken."""
+"""How long after a wake the next one may come: a token waits at most this and one step."""
 _T = TypeVar("_T")
 Job = Callable[[], None]
 
