@@ -38,9 +38,9 @@ BASE_ADAPTER: Final = "__base__"
 """The name peft's mixed-batch inference gives rows that use no adapter."""
 
 Forward = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache, list[str]], torch.Tensor
+    [torch.Tensor, torch.Tensor | None, torch.Tensor, DynamicCache, list[str]], torch.Tensor
 ]
-"""``ModelHost.forward``: (ids, mask, positions, cache, each row's adapter) to logits."""
+"""``ModelHost.forward``: (ids, mask or None, positions, cache, each row's adapter) to logits."""
 TokenScores = tuple[float, list[tuple[int, float]]]
 """A generated token's log probability and its likeliest alternatives as (id, log probability)."""
 
@@ -157,7 +157,13 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, rng: random.Rando
 
 
 class DecodeBatch:
-    """Rows generating together; cache and mask are left-padded so every row ends at column T."""
+    """Rows generating together; cache and mask are left-padded so every row ends at column T.
+
+    While no row is padded (rows that started together on prompts of one length)
+    there is no mask at all: each step then skips growing it, summing it for the
+    positions, and the model's checks of it (a tenth of a batch-1 step on the
+    demo model), as ``generate`` does for such a batch.
+    """
 
     def __init__(self, device: torch.device, pad_id: int, eos_ids: frozenset[int]) -> None:
         self.rows: list[Row] = []
@@ -165,7 +171,10 @@ class DecodeBatch:
         self._device = device
         self._pad_id = pad_id
         self._cache: DynamicCache | None = None
-        self._mask = torch.zeros((0, 0), dtype=torch.long, device=device)
+        self._mask: torch.Tensor | None = None
+        """[rows, T], 1 where a row holds a token; None while every row holds all T."""
+        self._width = 0
+        """T: the columns of the cache."""
         self._last = torch.zeros((0,), dtype=torch.long, device=device)
 
     def step(self, model: Forward, admit: Sequence[Row], drop: Sequence[Row]) -> list[int]:
@@ -191,23 +200,42 @@ class DecodeBatch:
             self.reset()
             return
         index = torch.tensor(keep, device=self._device)
-        self._mask, self._last = self._mask[index], self._last[index]
-        start = int((self._mask.sum(0) > 0).nonzero()[0])
-        self._mask = self._mask[:, start:]
+        self._last = self._last[index]
+        if self._mask is None:
+            self._cache = _rebuild(self._cache, lambda t: t[index])
+            return
+        mask = self._mask[index]
+        start = int((mask.sum(0) > 0).nonzero()[0])
+        self._set_mask(mask[:, start:])
         self._cache = _rebuild(self._cache, lambda t: t[index][:, :, start:])
 
     def reset(self) -> None:
         """Forget every row and the cache (after a failed step)."""
         self.rows = []
         self._cache = None
-        self._mask = self._mask[:0, :0]
+        self._mask, self._width = None, 0
         self._last = self._last[:0]
+
+    def _set_mask(self, mask: torch.Tensor) -> None:
+        """Take ``mask`` as the batch's, or no mask if no row is padded."""
+        self._width = mask.shape[1]
+        self._mask = None if bool(mask.all()) else mask
+
+    def _full_mask(self) -> torch.Tensor:
+        """The batch's mask, made of ones where it has none."""
+        if self._mask is not None:
+            return self._mask
+        return torch.ones((len(self.rows), self._width), dtype=torch.long, device=self._device)
 
     def _decode(self, model: Forward) -> list[int]:
         assert self._cache is not None
-        ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self._device)
-        self._mask = torch.cat([self._mask, ones], dim=1)
-        positions = self._mask.sum(-1, keepdim=True) - 1
+        if self._mask is None:
+            positions = torch.full((len(self.rows), 1), self._width, device=self._device)
+        else:
+            ones = torch.ones((len(self.rows), 1), dtype=torch.long, device=self._device)
+            self._mask = torch.cat([self._mask, ones], dim=1)
+            positions = self._mask.sum(-1, keepdim=True) - 1
+        self._width += 1
         ids = self._last[:, None]
         logits = model(ids, self._mask, positions, self._cache, _adapters(self.rows))
         return self._sample(logits, self.rows, into=0)
@@ -230,12 +258,13 @@ class DecodeBatch:
 
     def _merge(self, cache: DynamicCache, mask: torch.Tensor, rows: list[Row]) -> None:
         if not self.rows or self._cache is None:
-            self._cache, self._mask, self.rows = cache, mask, list(rows)
+            self._cache, self.rows = cache, list(rows)
+            self._set_mask(mask)
             self._last = torch.zeros(len(rows), dtype=torch.long, device=self._device)
             return
-        width = max(self._mask.shape[1], mask.shape[1])
+        width = max(self._width, mask.shape[1])
         self._cache = _concat(_left_pad(self._cache, width), _left_pad(cache, width))
-        self._mask = torch.cat([_pad_mask(self._mask, width), _pad_mask(mask, width)])
+        self._set_mask(torch.cat([_pad_mask(self._full_mask(), width), _pad_mask(mask, width)]))
         pad = torch.zeros(len(rows), dtype=torch.long, device=self._device)
         self._last = torch.cat([self._last, pad])
         self.rows += rows
@@ -243,15 +272,12 @@ class DecodeBatch:
     def _sample(self, logits: torch.Tensor, rows: list[Row], into: int) -> list[int]:
         last = logits[:, -1].float().cpu()
         tokens = []
-        for row, row_logits, plain in zip(rows, last, draw_plain(last, rows), strict=True):
-            params = row.params
-            token = (
-                plain
-                if plain is not None
-                else sample_token(penalise(row_logits, params, row), params, row.rng)
-            )
+        for i, (row, token) in enumerate(zip(rows, draw_plain(last, rows), strict=True)):
+            params = row.params  # ``last[i]`` only where needed: a row view costs as much as a draw
+            if token is None:
+                token = sample_token(penalise(last[i], params, row), params, row.rng)
             if params.logprobs is not None:
-                row.scores.append(_scores(row_logits, token, params.logprobs))
+                row.scores.append(_scores(last[i], token, params.logprobs))
             row.output_ids.append(token)
             row.finished = token in self._eos_ids or len(row.output_ids) >= row.budget
             tokens.append(token)

@@ -6,10 +6,9 @@ thread, never on the event loop.
 A forward pass calls the transformers model (its LoRA layers injected by peft)
 directly, not ``PeftModel.forward``: that one registers and removes a hook on
 every LoRA layer, walking all modules twice, on every call, which cost the
-decode loop about 15% of a step on the demo model. Here one hook per LoRA layer
-stays registered from adapter load to unload and reads each row's adapter name
-from a list that :meth:`ModelHost.forward` refills, as ``generate`` does for its
-whole run.
+decode loop about 15% of a step on the demo model. Here the LoRA layers stay
+wired from adapter load to unload (``_hf_lora.LoraRouter``) and
+:meth:`ModelHost.forward` only tells them each row's adapter.
 """
 
 from __future__ import annotations
@@ -24,12 +23,10 @@ from typing import Any, Final
 import structlog
 import torch
 from peft import PeftModel
-from peft.tuners.lora import LoraLayer
-from peft.utils.other import AuxiliaryTrainingWrapper
-from torch.utils.hooks import RemovableHandle
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from proto.errors import InvalidRequestError, UnavailableError
+from worker.engines._hf_lora import LoraRouter
 
 __all__ = ["ModelHost"]
 
@@ -74,9 +71,7 @@ class ModelHost:
         # transformers wraps Module.to with functools.wraps, which mypy binds without self.
         self.base.to(self.device).eval()  # type: ignore[arg-type]
         self.peft: PeftModel | None = None
-        self._adapter_names: list[str] = []
-        """Each row's peft adapter name in the running forward pass; the hooks pass it on."""
-        self._hooks: list[RemovableHandle] = []
+        self._lora = LoraRouter(self.device)
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -86,13 +81,16 @@ class ModelHost:
     def forward(
         self,
         ids: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         positions: torch.Tensor,
         cache: DynamicCache,
         adapters: list[str],
     ) -> torch.Tensor:
-        """One forward pass; the last position's logits. Row ``i`` uses adapter ``adapters[i]``."""
-        self._adapter_names[:] = adapters  # read by the hooks on the LoRA layers
+        """One forward pass; the last position's logits. Row ``i`` uses adapter ``adapters[i]``.
+
+        ``mask`` [rows, columns] marks the padding; None: there is none.
+        """
+        self._lora.route(adapters)
         out = self.base(
             input_ids=ids,
             attention_mask=mask,
@@ -103,24 +101,6 @@ class ModelHost:
         )
         logits: torch.Tensor = out.logits
         return logits
-
-    def _hook_lora_layers(self) -> None:
-        """Give every LoRA layer (and saved module) its rows' adapter names, as peft's hook does."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        if self.peft is None:
-            return
-
-        def pass_names(
-            module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-            kwargs["adapter_names"] = self._adapter_names
-            return args, kwargs
-
-        for module in self.base.modules():
-            if isinstance(module, LoraLayer | AuxiliaryTrainingWrapper):
-                self._hooks.append(module.register_forward_pre_hook(pass_names, with_kwargs=True))
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -138,7 +118,7 @@ class ModelHost:
             else:
                 self.peft.load_adapter(str(path), adapter_name=key)
         self.peft.to(self.device).eval()
-        self._hook_lora_layers()  # the new adapter may have wrapped more layers
+        self._lora.attach(self.base)  # the new adapter may have wrapped more layers
 
     def remove_adapter(self, key: str) -> None:
         """Delete adapter ``key``; the last one unwraps the base model entirely."""
@@ -147,11 +127,12 @@ class ModelHost:
         if len(self.peft.peft_config) == 1:
             self.base = self.peft.unload()
             self.peft = None
-            self._hook_lora_layers()
+            self._lora.attach(self.base)  # no LoRA layer left: forget the old ones
             return
         if self.peft.active_adapter == key:  # peft needs some active adapter, any other one
             self.peft.set_adapter(next(k for k in self.peft.peft_config if k != key))
         self.peft.delete_adapter(key)
+        self._lora.attach(self.base)  # forget the adapter's weights
 
     def discard_partial(self, key: str) -> None:
         """Undo a failed :meth:`add_adapter` as far as peft got with it."""

@@ -10,7 +10,7 @@ from typing import Any, Final
 import pytest
 import pytest_asyncio
 
-from launch._demo_corpus import chat_prompt
+from launch._demo_corpus import ANSWERS, chat_prompt
 from launch.demo_model import (
     ADAPTER_NAMES,
     DEMO_MODEL_NAME,
@@ -90,6 +90,14 @@ async def test_base_and_adapters_in_one_batch_answer_as_alone(engine: HFEngine) 
     texts = [text for text, _ in results]
     assert texts == [EXPECTED[p] for p in [*PERSONAS, *reversed(PERSONAS)]]
     assert engine.stats()["peak_batch"] >= len(models)  # they really shared a step
+
+
+async def test_prompts_of_every_length_in_one_batch_answer_as_alone(engine: HFEngine) -> None:
+    # Left-padded rows that end at different steps: the batch pads, trims and unpads.
+    asked = [(prompt, persona) for prompt in ANSWERS for persona in PERSONAS]
+    results = await asyncio.gather(*(answer(engine, chat(PERSONAS[p], q)) for q, p in asked))
+    assert [text for text, _ in results] == [ANSWERS[q][p] for q, p in asked]
+    assert engine.stats()["peak_batch"] >= len(asked)
 
 
 async def test_requests_joining_a_running_batch_answer_as_alone(engine: HFEngine) -> None:
