@@ -108,7 +108,9 @@ class ModelRegistry:
     ) -> None:
         self.instance_cache = instances
         self.card_cache = cards
-        self._live: dict[_Owner, Instance] = {}
+        self._live: dict[_Owner, tuple[Instance]] = {}
+        """Each live instance, as a tuple of one: the ``instances`` of every name it alone
+        serves (most adapters), shared instead of one tuple per name."""
         self._cards: dict[str, tuple[_Filed, ...]] = {}
         """Every card by name, in the order they came (most names have one: a tuple is the
         smallest container), with its key and the instance its key names."""
@@ -123,7 +125,7 @@ class ModelRegistry:
         self._stale: set[str] = set()
         self._memos: dict[Callable[[ServedModel], Any], dict[str, Any]] = {}
         self._lists: dict[Callable[[ServedModel], Any], list[Any]] = {}
-        self._joined: dict[Callable[[ServedModel], bytes], bytes] = {}
+        self._joined: dict[tuple[Callable[[ServedModel], bytes], bytes, bytes], bytes] = {}
         for key, instance in instances.items.items():
             self._instance_changed(key, None, instance)
         for key, card in cards.items.items():
@@ -174,16 +176,21 @@ class ModelRegistry:
         """
         return list(self._built(build))
 
-    def joined(self, build: Callable[[ServedModel], bytes]) -> bytes:
-        """``b",".join(self.each(build))``, kept until a worker changes what it serves.
+    def joined(
+        self, build: Callable[[ServedModel], bytes], *, head: bytes = b"", tail: bytes = b""
+    ) -> bytes:
+        """``head + b",".join(self.each(build)) + tail``, kept until a worker changes what
+        it serves.
 
-        For pre-encoded answers made of every model: asking again costs nothing,
-        and a change costs one ``build`` per changed model and one join.
+        For pre-encoded answers made of every model: asking again costs nothing, not
+        even a copy (``head`` and ``tail`` make it the whole body), and a change costs
+        one ``build`` per changed model and one join.
         """
         self._current()
-        body = self._joined.get(build)
+        key = (build, head, tail)
+        body = self._joined.get(key)
         if body is None:
-            body = self._joined[build] = b",".join(self._built(build))
+            body = self._joined[key] = b"".join((head, b",".join(self._built(build)), tail))
         return body
 
     def version(self) -> int:
@@ -230,7 +237,7 @@ class ModelRegistry:
         if old is not None:
             self._live.pop(_owner(old), None)
         if new is not None:
-            self._live[_owner(new)] = new
+            self._live[_owner(new)] = (new,)
 
     def _card_changed(self, key: str, old: CardView | None, new: CardView | None) -> None:
         """File the card under its name and its instance; mark its name(s) stale."""
@@ -316,13 +323,15 @@ class ModelRegistry:
     def _served(self, name: str) -> ServedModel | None:
         """``name``'s entry: its first card on a live instance and every live instance with one."""
         card: CardView | None = None
-        serving = []
+        serving: list[tuple[Instance]] = []
         for _key, owner, candidate in self._cards.get(name, ()):
-            instance = self._live.get(owner)
-            if instance is not None:
+            alone = self._live.get(owner)
+            if alone is not None:
                 card = candidate if card is None else card
-                serving.append(instance)
+                serving.append(alone)
         if card is None:
             return None
-        serving.sort(key=lambda i: i.instance_id)
-        return ServedModel(name=name, card=card, instances=tuple(serving))
+        if len(serving) == 1:
+            return ServedModel(name=name, card=card, instances=serving[0])
+        instances = sorted((instance for (instance,) in serving), key=lambda i: i.instance_id)
+        return ServedModel(name=name, card=card, instances=tuple(instances))
