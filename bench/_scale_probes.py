@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from frontend.router import make_router
 __all__ = [
     "Cards",
     "churn",
+    "cpu_s",
     "etcd_status",
     "placement_per_change",
     "rss_kib",
@@ -89,6 +91,14 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (user and system, from /proc): what start-up
+    costs, whatever the load of the machine does to its wall time."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def wait_listing(service: Service, entries: int, since: float, timeout_s: float) -> float:

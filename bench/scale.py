@@ -27,6 +27,7 @@ from bench._report import add_output_flags, benchmark_main, machine, ms, table
 from bench._scale_probes import (
     Cards,
     churn,
+    cpu_s,
     etcd_status,
     placement_per_change,
     routing_decisions,
@@ -140,16 +141,18 @@ async def _measure_fleet(
 ) -> dict[str, Any]:
     """RSS with base cards only, populate, then a fresh frontend's figures and churn."""
     base, ready_base_s = await _fresh_frontend(cluster, entries=1)
-    base_rss_kib = rss_kib(base.pid)
+    base_rss_kib, ready_base_cpu_s = rss_kib(base.pid), cpu_s(base.pid)
     _stop(cluster, base)
     book = Cards(fleet)
     populate_s = await book.populate(cards)
     frontend, ready_s = await _fresh_frontend(cluster, entries=cards + 1)
-    full_rss_kib = rss_kib(frontend.pid)
+    full_rss_kib, ready_cpu_s = rss_kib(frontend.pid), cpu_s(frontend.pid)
     row: dict[str, Any] = {
         "populate_s": round(populate_s, 2),
         "ready_s": round(ready_s, 3),
         "ready_base_s": round(ready_base_s, 3),
+        "ready_cpu_s": round(ready_cpu_s, 2),
+        "ready_base_cpu_s": round(ready_base_cpu_s, 2),
         "rss_base_mib": round(base_rss_kib / 1024, 1),
         "rss_full_mib": round(full_rss_kib / 1024, 1),
         "rss_per_card_kib": round((full_rss_kib - base_rss_kib) / max(cards, 1), 2),
@@ -187,12 +190,14 @@ def _stop(cluster: BenchCluster, service: Service) -> None:
 
 def _text(results: dict[str, Any], _: argparse.Namespace) -> str:
     headers = [
-        "instances", "cards", "ready s", "base-only ready s", "registry ms", "RSS/card KiB",
+        "instances", "cards", "ready s", "base-only ready s", "ready CPU s", "base-only CPU s",
+        "registry ms", "RSS/card KiB",
         "route p50 µs", "route p99 µs", "/v1/models p50 ms", "p99 ms", "bytes", "lag p50 ms",
         "lag p99 ms", "changes/s", "unroutable", "revisions/s", "etcd MiB", "placement ms",
     ]  # fmt: skip
     keys = [
-        "instances", "cards", "ready_s", "ready_base_s", "registry_build_ms", "rss_per_card_kib",
+        "instances", "cards", "ready_s", "ready_base_s", "ready_cpu_s", "ready_base_cpu_s",
+        "registry_build_ms", "rss_per_card_kib",
         "route_p50_us", "route_p99_us", "models_p50_ms", "models_p99_ms", "models_bytes",
         "lag_p50_ms", "lag_p99_ms", "changes_per_s", "unroutable", "revisions_per_s", "etcd_db_mib",
         "placement_ms",

@@ -128,7 +128,7 @@ class WatchCache(Generic[T]):
         try:
             async for event in watch:
                 key = event.kv.key.decode()
-                value = event.kv.value if event.kind == "PUT" else None
+                value = self._decode_or_none(key, event.kv.value) if event.kind == "PUT" else None
                 self._apply(key, value)
                 self.revision = max(self.revision, event.kv.mod_revision)
                 await self._notify()
@@ -156,29 +156,34 @@ class WatchCache(Generic[T]):
         self.revision = revision
         await self._notify()
 
-    async def _list(self) -> tuple[dict[str, bytes], int]:
-        """Every record under the prefix at one revision, read ``LIST_PAGE_KEYS`` at a time.
+    async def _list(self) -> tuple[dict[str, T | None], int]:
+        """Every record under the prefix at one revision, read ``LIST_PAGE_KEYS`` at a time
+        and decoded page by page (None: does not decode).
 
         One page at a time keeps each answer under gRPC's message limit and etcd's
         read short; every page reads the first page's revision, so the listing is one
         snapshot (a compaction in between fails the listing, and the loop lists again).
+        Decoding each page as it comes keeps one page of raw bytes in memory, not the
+        whole listing (10,000 cards: 6 MB that the allocator keeps once freed).
         """
         prefix = self.prefix.encode()
-        fresh: dict[str, bytes] = {}
+        fresh: dict[str, T | None] = {}
         start, revision = prefix, 0
         while True:
             page = await self._etcd.list_page(
                 prefix, start, limit=self._page_keys, revision=revision
             )
             revision = revision or page.header.revision
-            fresh.update((kv.key.decode(), kv.value) for kv in page.kvs)
+            for kv in page.kvs:
+                key = kv.key.decode()
+                fresh[key] = self._decode_or_none(key, kv.value)
             if not page.more or not page.kvs:
                 return fresh, revision
             start = page.kvs[-1].key + b"\0"
 
-    def _apply(self, key: str, raw: bytes | None) -> None:
+    def _apply(self, key: str, new: T | None) -> None:
+        """Keep ``new`` under ``key`` (None: remove it) and tell listeners if it changed."""
         old = self._items.get(key)
-        new = None if raw is None else self._decode_or_none(key, raw)
         if new is None:
             self._items.pop(key, None)
         else:

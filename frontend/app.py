@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -79,6 +80,10 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
         else:
             log.info("frontend ready", namespace=config.namespace, router=config.router,
                      models=len(services_of(app.state).registry.names()))  # fmt: skip
+            # What start-up built (modules, the app, every card's entries) lives as long as
+            # the process: a full collection would walk it all (50-70 ms at 10,000 cards)
+            # while watch events and requests wait. Frozen, collections skip it.
+            gc.freeze()
         yield
         log.info("frontend stopping", namespace=config.namespace)
 

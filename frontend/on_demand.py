@@ -271,7 +271,7 @@ class OnDemandLoader:
         """Whether the instance's base card says it loads adapters (``--enable-lora`` and
         ``DYN_LORA_ENABLED``): asking the others only costs a 404 each."""
         card = self._registry.card_on(base_model, instance_id)
-        return card is not None and card.runtime_config.enable_lora
+        return card is not None and card.enable_lora
 
     async def _load_on(self, instance: Instance, spec: AdapterSpec, *, evict_placed: bool) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""

@@ -20,8 +20,8 @@ from typing import Any, Final, TypeAlias, TypeVar
 from discovery.client import EtcdClient
 from discovery.keys import card_prefix, instance_prefix, parse_card_key
 from discovery.watch_cache import WatchCache
-from proto.discovery import Instance, ModelDeploymentCard, decode_card, decode_instance
-from proto.uris import public_uri
+from frontend.card_view import CardView, decode_card_view
+from proto.discovery import Instance, decode_instance
 
 __all__ = ["ModelRegistry", "ServedModel", "build_index"]
 
@@ -33,6 +33,8 @@ _T = TypeVar("_T")
 _MISSING: Final = object()
 _Owner: TypeAlias = tuple[str, int]
 """An instance as card keys name it: ``namespace/component/endpoint`` and its id."""
+_Filed: TypeAlias = tuple[str, _Owner, CardView]
+"""A card as the registry files it under its name: its key, its instance, the card."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,7 @@ class ServedModel:
     """A model name clients can ask for: its card and the instances that serve it."""
 
     name: str
-    card: ModelDeploymentCard
+    card: CardView
     instances: tuple[Instance, ...]
 
     @property
@@ -52,10 +54,7 @@ class ServedModel:
     def root(self) -> str:
         """Where the weights come from (the adapter's URI, the base model's path or hub id),
         as anyone may see it: no secrets, no paths on a worker's disk (``public_uri``)."""
-        lora = self.card.lora
-        if lora is not None:
-            return public_uri(lora.uri or lora.local_path or self.name)
-        return public_uri(self.card.source_path or self.name)
+        return self.card.root
 
     @property
     def created(self) -> int:
@@ -72,7 +71,7 @@ def _owner(instance: Instance) -> _Owner:
 
 
 def build_index(
-    instances: Mapping[str, Instance], cards: Mapping[str, ModelDeploymentCard]
+    instances: Mapping[str, Instance], cards: Mapping[str, CardView]
 ) -> dict[str, ServedModel]:
     """Group cards by name, keeping those whose instance record is live; sorted by name.
 
@@ -80,7 +79,7 @@ def build_index(
     change by change.
     """
     live = {(_endpoint_path(i), i.instance_id): i for i in instances.values()}
-    found: dict[str, tuple[ModelDeploymentCard, list[Instance]]] = {}
+    found: dict[str, tuple[CardView, list[Instance]]] = {}
     for key, card in cards.items():
         try:
             path, instance_id, _slug = parse_card_key(key)
@@ -89,7 +88,7 @@ def build_index(
         instance = live.get((path, instance_id))
         if instance is None:
             continue
-        entry = found.setdefault(card.display_name, (card, []))
+        entry = found.setdefault(card.name, (card, []))
         entry[1].append(instance)
     index = {}
     for name in sorted(found):
@@ -105,14 +104,20 @@ class ModelRegistry:
     def __init__(
         self,
         instances: WatchCache[Instance],
-        cards: WatchCache[ModelDeploymentCard],
+        cards: WatchCache[CardView],
     ) -> None:
         self.instance_cache = instances
         self.card_cache = cards
-        self._live: dict[_Owner, Instance] = {}
-        self._cards: dict[str, dict[str, tuple[_Owner, ModelDeploymentCard]]] = {}
-        """Every card by name, then by key, with the instance its key names."""
+        self._live: dict[_Owner, tuple[Instance]] = {}
+        """Each live instance, as a tuple of one: the ``instances`` of every name it alone
+        serves (most adapters), shared instead of one tuple per name."""
+        self._cards: dict[str, tuple[_Filed, ...]] = {}
+        """Every card by name, in the order they came (most names have one: a tuple is the
+        smallest container), with its key and the instance its key names."""
         self._names_on: dict[_Owner, Counter[str]] = {}
+        self._owners: dict[_Owner, _Owner] = {}
+        """One owner tuple per instance with cards, shared by all its cards (the keys of
+        ``_names_on``, which has no way to return its own key)."""
         self._index: dict[str, ServedModel] = {}
         self._order: list[str] = []
         """The keys of ``_index``, sorted (``_index`` itself is in no order)."""
@@ -120,7 +125,7 @@ class ModelRegistry:
         self._stale: set[str] = set()
         self._memos: dict[Callable[[ServedModel], Any], dict[str, Any]] = {}
         self._lists: dict[Callable[[ServedModel], Any], list[Any]] = {}
-        self._joined: dict[Callable[[ServedModel], bytes], bytes] = {}
+        self._joined: dict[tuple[Callable[[ServedModel], bytes], bytes, bytes], bytes] = {}
         for key, instance in instances.items.items():
             self._instance_changed(key, None, instance)
         for key, card in cards.items.items():
@@ -135,7 +140,7 @@ class ModelRegistry:
         """List instances and cards of ``namespace`` and follow them (raises if etcd is down)."""
         instances = await WatchCache.start(etcd, instance_prefix(namespace), decode_instance)
         try:
-            cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
+            cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card_view)
         except BaseException:
             await instances.aclose()
             raise
@@ -151,9 +156,9 @@ class ModelRegistry:
         """The served model called ``name``, or None."""
         return self._current().get(name)
 
-    def card_on(self, name: str, instance_id: int) -> ModelDeploymentCard | None:
+    def card_on(self, name: str, instance_id: int) -> CardView | None:
         """The card that instance ``instance_id`` published for ``name``, or None."""
-        for (_path, owner_id), card in self._cards.get(name, {}).values():
+        for _key, (_path, owner_id), card in self._cards.get(name, ()):
             if owner_id == instance_id:
                 return card
         return None
@@ -171,16 +176,21 @@ class ModelRegistry:
         """
         return list(self._built(build))
 
-    def joined(self, build: Callable[[ServedModel], bytes]) -> bytes:
-        """``b",".join(self.each(build))``, kept until a worker changes what it serves.
+    def joined(
+        self, build: Callable[[ServedModel], bytes], *, head: bytes = b"", tail: bytes = b""
+    ) -> bytes:
+        """``head + b",".join(self.each(build)) + tail``, kept until a worker changes what
+        it serves.
 
-        For pre-encoded answers made of every model: asking again costs nothing,
-        and a change costs one ``build`` per changed model and one join.
+        For pre-encoded answers made of every model: asking again costs nothing, not
+        even a copy (``head`` and ``tail`` make it the whole body), and a change costs
+        one ``build`` per changed model and one join.
         """
         self._current()
-        body = self._joined.get(build)
+        key = (build, head, tail)
+        body = self._joined.get(key)
         if body is None:
-            body = self._joined[build] = b",".join(self._built(build))
+            body = self._joined[key] = b"".join((head, b",".join(self._built(build)), tail))
         return body
 
     def version(self) -> int:
@@ -227,32 +237,32 @@ class ModelRegistry:
         if old is not None:
             self._live.pop(_owner(old), None)
         if new is not None:
-            self._live[_owner(new)] = new
+            self._live[_owner(new)] = (new,)
 
-    def _card_changed(
-        self, key: str, old: ModelDeploymentCard | None, new: ModelDeploymentCard | None
-    ) -> None:
+    def _card_changed(self, key: str, old: CardView | None, new: CardView | None) -> None:
         """File the card under its name and its instance; mark its name(s) stale."""
         try:
             path, instance_id, _slug = parse_card_key(key)
         except ValueError:
             return
-        owner = (path, instance_id)
-        if old is not None and new is not None and old.display_name == new.display_name:
-            self._cards[new.display_name][key] = (owner, new)  # in place: keeps its rank
-            self._stale.add(new.display_name)
+        owner = self._owners.setdefault((path, instance_id), (path, instance_id))
+        if old is not None and new is not None and old.name == new.name:
+            filed = self._cards[new.name]  # in place: keeps its rank
+            self._cards[new.name] = tuple((k, o, new if k == key else c) for k, o, c in filed)
+            self._stale.add(new.name)
             return
         if old is not None:
-            self._forget_card(key, owner, old.display_name)
+            self._forget_card(key, owner, old.name)
         if new is not None:
-            self._cards.setdefault(new.display_name, {})[key] = (owner, new)
-            self._names_on.setdefault(owner, Counter())[new.display_name] += 1
-            self._stale.add(new.display_name)
+            self._cards[new.name] = (*self._cards.get(new.name, ()), (key, owner, new))
+            self._names_on.setdefault(owner, Counter())[new.name] += 1
+            self._stale.add(new.name)
 
     def _forget_card(self, key: str, owner: _Owner, name: str) -> None:
-        by_key = self._cards.get(name, {})
-        by_key.pop(key, None)
-        if not by_key:
+        filed = tuple(entry for entry in self._cards.get(name, ()) if entry[0] != key)
+        if filed:
+            self._cards[name] = filed
+        else:
             self._cards.pop(name, None)
         names = self._names_on.get(owner)
         if names is not None:
@@ -261,6 +271,8 @@ class ModelRegistry:
                 del names[name]
             if not names:
                 del self._names_on[owner]
+        if owner not in self._names_on:
+            self._owners.pop(owner, None)
         self._stale.add(name)
 
     def _current(self) -> dict[str, ServedModel]:
@@ -310,14 +322,16 @@ class ModelRegistry:
 
     def _served(self, name: str) -> ServedModel | None:
         """``name``'s entry: its first card on a live instance and every live instance with one."""
-        card: ModelDeploymentCard | None = None
-        serving = []
-        for owner, candidate in self._cards.get(name, {}).values():
-            instance = self._live.get(owner)
-            if instance is not None:
+        card: CardView | None = None
+        serving: list[tuple[Instance]] = []
+        for _key, owner, candidate in self._cards.get(name, ()):
+            alone = self._live.get(owner)
+            if alone is not None:
                 card = candidate if card is None else card
-                serving.append(instance)
+                serving.append(alone)
         if card is None:
             return None
-        serving.sort(key=lambda i: i.instance_id)
-        return ServedModel(name=name, card=card, instances=tuple(serving))
+        if len(serving) == 1:
+            return ServedModel(name=name, card=card, instances=serving[0])
+        instances = sorted((instance for (instance,) in serving), key=lambda i: i.instance_id)
+        return ServedModel(name=name, card=card, instances=tuple(instances))

@@ -4,9 +4,9 @@ A cold adapter (desired, loaded nowhere, base model served) is listed with
 ``loaded: false`` and lorafleet's ``status`` (``AdapterStates``): the first request
 for it loads it on demand, unless its last load failed (``status.state`` is
 ``failed``, with the error). Without cold adapters the list is sent pre-encoded:
-each entry is encoded once when its model changes and the joined body is kept
+each entry is encoded once when its model changes and the whole body is kept
 until the next change (``ModelRegistry.joined``), so a GET of 10,000 entries
-copies bytes instead of building and encoding 10,000 objects.
+sends bytes already made instead of building and encoding 10,000 objects.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from proto.uris import public_uri
 __all__ = ["ModelsController", "cold_model_object", "model_object"]
 
 _LIST_HEAD, _LIST_TAIL = msgspec.json.encode(ModelList(data=[])).split(b"[]")
+_BODY_HEAD, _BODY_TAIL = _LIST_HEAD + b"[", b"]" + _LIST_TAIL
+"""A ``ModelList`` body around its entries."""
 
 
 def model_object(served: ServedModel) -> ModelObject:
@@ -75,8 +77,7 @@ class ModelsController(Controller):
         resolver = services.resolver
         cold = resolver.cold()
         if not cold:  # the usual case: the registry's pre-encoded entries, as they are
-            joined = resolver.registry.joined(_encoded_model_object)
-            body = b"".join((_LIST_HEAD, b"[", joined, b"]", _LIST_TAIL))
+            body = resolver.registry.joined(_encoded_model_object, head=_BODY_HEAD, tail=_BODY_TAIL)
             # bytes are sent as they are: the body is an encoded ModelList
             return cast("Response[ModelList]", Response(body, media_type=MediaType.JSON))
         entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed

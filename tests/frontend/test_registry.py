@@ -8,6 +8,7 @@ import random
 import msgspec
 
 from discovery.keys import base_card_key, instance_key, lora_card_key
+from frontend.card_view import CardView
 from frontend.registry import ModelRegistry, ServedModel, build_index
 from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
 from proto.naming import lora_id, lora_slug
@@ -32,10 +33,11 @@ def _adapter(name: str, base: str = "demo") -> ModelDeploymentCard:
 
 def _records(*ids: int, adapters: dict[int, list[str]] | None = None):
     instances = {instance_key(NS, "backend", "generate", i): _instance(i) for i in ids}
-    cards = {base_card_key(NS, "backend", "generate", i): _base() for i in ids}
+    cards = {base_card_key(NS, "backend", "generate", i): CardView.of(_base()) for i in ids}
     for i, names in (adapters or {}).items():
         for name in names:
-            cards[lora_card_key(NS, "backend", "generate", i, lora_slug(name))] = _adapter(name)
+            key = lora_card_key(NS, "backend", "generate", i, lora_slug(name))
+            cards[key] = CardView.of(_adapter(name))
     return instances, cards
 
 
@@ -112,7 +114,7 @@ async def test_registry_kept_change_by_change_equals_a_full_rebuild(etcd, namesp
             assert registry.each(lambda served: served.name) == list(expected)
             assert registry.joined(_name_bytes) == b",".join(name.encode() for name in expected)
             assert registry.known("robot") == any(
-                card.display_name == "robot" for card in registry.card_cache.items.values()
+                card.name == "robot" for card in registry.card_cache.items.values()
             )
 
 
@@ -146,7 +148,7 @@ async def _caught_up(etcd, registry: ModelRegistry, namespace: str, batch: int) 
     await etcd.put(base_card_key(namespace, "backend", "generate", 98).encode(),
                    encode_record(card))  # fmt: skip
     await _until(lambda: instance in registry.instance_cache.items.values()
-                 and card in registry.card_cache.items.values())  # fmt: skip
+                 and CardView.of(card) in registry.card_cache.items.values())  # fmt: skip
 
 
 async def test_many_names_at_start_and_one_more_later_are_listed_in_name_order(

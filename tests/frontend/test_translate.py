@@ -7,6 +7,7 @@ import dataclasses
 import msgspec
 import pytest
 
+from frontend.card_view import CardView
 from frontend.errors import BadFieldError
 from frontend.registry import ServedModel
 from frontend.translate import chat_to_generate, completion_to_generate
@@ -15,7 +16,7 @@ from proto.openai import ChatCompletionRequest, CompletionRequest
 
 SERVED = ServedModel(
     name="demo",
-    card=ModelDeploymentCard(display_name="demo", slug="demo_x", context_length=512),
+    card=CardView.of(ModelDeploymentCard(display_name="demo", slug="demo_x", context_length=512)),
     instances=(Instance(namespace="n", component="c", endpoint="e", instance_id=1, subject="s"),),
 )
 
@@ -92,7 +93,7 @@ def test_unsupported_values_are_refused_naming_the_field(body, param: str) -> No
 
 
 def test_a_chat_only_model_refuses_completions() -> None:
-    card = ModelDeploymentCard(display_name="demo", slug="d", model_type=["chat"])
+    card = CardView.of(ModelDeploymentCard(display_name="demo", slug="d", model_type=["chat"]))
     chat_only = ServedModel(name="demo", card=card, instances=SERVED.instances)
     with pytest.raises(BadFieldError, match="does not serve completions"):
         completion_to_generate(_completion(), chat_only, "r")
