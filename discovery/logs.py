@@ -50,7 +50,8 @@ def configure_logging(*, process: str, level: str | None = None, fmt: str | None
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # PrintLogger's text in one write instead of print's two; flushed each line as well
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(process=process)
@@ -108,6 +109,12 @@ def _quick(
     postfix = f.postfix + f.reset_style if f.postfix else ""
     key_style, reset, value_style, width = f.key_style, f.reset_style, f.value_style, f.width
     value_repr = _value_text if f.value_repr == stock_repr and not native else f.value_repr
+    if (prefix, postfix, key_style, reset, value_style, width) == ("", "", "", "", "", 0):
+
+        def plain(key: str, value: object) -> str:  # without colors, most columns
+            return f"{key}={value_repr(value)}"
+
+        return plain
 
     def render(key: str, value: object) -> str:
         text = value_repr(value).ljust(width)
