@@ -216,6 +216,19 @@ async def test_a_whole_answer_reads_the_same_from_a_worker_that_predates_gatheri
         assert first_tokens in text
 
 
+async def test_a_whole_answer_slower_than_the_stall_timeout_comes_whole_and_once(
+    frontend, workers, nats_url, etcd, namespace
+) -> None:
+    # 8 tokens of 0.1 s: the one reply message comes after 0.8 s, the stall timeout is 0.3 s
+    worker = await _start(workers, nats_url, etcd, namespace, token_delay_s=0.1)
+    await wait_for_models(frontend, {"demo"})
+    response = await frontend.http.post(CHAT, json=_chat(max_tokens=8))
+    assert response.status_code == 200
+    content = response.json()["choices"][0]["message"]["content"]
+    assert content == " ".join(f"tok{i}" for i in range(8))
+    assert len(worker.generated) == 1  # the silent worker answered the pings: no retry
+
+
 async def test_stream_carries_role_tokens_finish_and_usage(
     frontend, workers, nats_url, etcd, namespace
 ) -> None:
