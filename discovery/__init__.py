@@ -86,6 +86,9 @@ from discovery.nats_settings import (
 from discovery.pids import (
     pid_alive,
 )
+from discovery.response_head import (
+    HeadWithBodyProtocol,
+)
 from discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
     EtcdSettings,
@@ -118,6 +121,7 @@ __all__ = [
     "EtcdSettings",
     "EtcdUnavailableError",
     "FlagSpec",
+    "HeadWithBodyProtocol",
     "HeaderTimeoutProtocol",
     "HelpFormatter",
     "INSTANCES_ROOT",

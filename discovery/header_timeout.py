@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar, Final
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from discovery.response_head import HeadWithBodyProtocol
 
 __all__ = ["DEFAULT_HEADER_TIMEOUT_S", "HeaderTimeoutProtocol", "with_header_timeout"]
 
@@ -20,9 +20,10 @@ DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
 """How long a connection may take to send a complete request line and headers."""
 
 
-class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, plus a timer from connect (or the last response)
-    to the end of the next request's headers; when it fires, the connection closes."""
+class HeaderTimeoutProtocol(HeadWithBodyProtocol):
+    """uvicorn's httptools protocol (each response's head and body in one write), plus a
+    timer from connect (or the last response) to the end of the next request's headers;
+    when it fires, the connection closes."""
 
     header_timeout_s: ClassVar[float] = DEFAULT_HEADER_TIMEOUT_S
     _header_timer: asyncio.TimerHandle | None = None

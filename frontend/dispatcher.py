@@ -217,6 +217,11 @@ class Dispatcher:
                 parts.append(chunk.text)
                 logprobs += chunk.logprobs
             elif isinstance(chunk, FinalChunk):
+                if chunk.answer is not None:  # the worker gathered the tokens (``whole``)
+                    if first_token_at is None:
+                        first_token_at = time.perf_counter() - chunk.since_first_token_s
+                    parts.append(chunk.answer.text)
+                    logprobs += chunk.answer.logprobs
                 return Completion(
                     text="".join(parts), final=chunk, instance=attempt.instance,
                     first_token_at=first_token_at, logprobs=logprobs,

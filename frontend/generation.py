@@ -38,6 +38,7 @@ __all__ = [
     "SSE_HEADERS",
     "SSE_MEDIA_TYPE",
     "ToGenerate",
+    "WATCH_AFTER_S",
 ]
 
 log = structlog.get_logger(__name__)
@@ -49,6 +50,10 @@ SSE_HEADERS: Final = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
+
+WATCH_AFTER_S: Final = 0.1
+"""How long a whole answer runs before the frontend starts watching for its client hanging
+up: a hang-up sooner cancels the request at the worker this late at most."""
 
 _Body = TypeVar("_Body", ChatCompletionRequest, CompletionRequest)
 _Answer = TypeVar("_Answer")
@@ -167,10 +172,13 @@ async def _unless_client_gone(
 ) -> _Answer:
     """Await ``work``; cancel it (and so its request at the worker) and raise
     ``ClientGoneError`` if the client hangs up first. Without this a dropped client's
-    answer is generated to the end."""
+    answer is generated to the end. The connection is watched from ``WATCH_AFTER_S`` on:
+    most answers come sooner, and they then cost a timer instead of a watching task."""
     handler = asyncio.current_task()
     assert handler is not None  # called from a request handler's task
+    loop = asyncio.get_running_loop()
     hung_up = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal hung_up
@@ -178,7 +186,11 @@ async def _unless_client_gone(
         hung_up = True
         handler.cancel()
 
-    watcher = asyncio.create_task(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
     try:
         return await work
     except asyncio.CancelledError:
@@ -187,4 +199,6 @@ async def _unless_client_gone(
         handler.uncancel()
         raise ClientGoneError(answer.model, answer.id) from None
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()

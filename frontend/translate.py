@@ -80,6 +80,7 @@ def chat_to_generate(
         model=body.model,
         messages=messages,
         sampling=msgspec.structs.replace(sampling, logprobs=logprobs),
+        whole=not body.stream,
     )
 
 
@@ -106,6 +107,7 @@ def completion_to_generate(
         model=body.model,
         prompt=prompt,
         sampling=msgspec.structs.replace(sampling, logprobs=body.logprobs),
+        whole=not body.stream,
     )
 
 

@@ -79,6 +79,7 @@ from proto.inference import (
     decode_chunk,
     decode_instance_message,
     encode_msg,
+    join_tokens,
 )
 from proto.limits import (
     INT64_MAX,
@@ -265,6 +266,7 @@ __all__ = [
     "error_from_info",
     "http_status",
     "is_scheme_name",
+    "join_tokens",
     "lora_id",
     "lora_path_uri",
     "lora_slug",

@@ -33,6 +33,7 @@ __all__ = [
     "decode_chunk",
     "decode_instance_message",
     "encode_msg",
+    "join_tokens",
 ]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -69,8 +70,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     (multiplied when negative); 1 leaves them alone."""
 
 
-class GenerateRequest(_Message, frozen=True, tag="generate"):
-    """Generate for ``model`` (base model or adapter name) from a prompt or chat messages."""
+class GenerateRequest(_Message, frozen=True, tag="generate", omit_defaults=True):
+    """Generate for ``model`` (base model or adapter name) from a prompt or chat messages.
+
+    Fields at their defaults are left off the wire: a worker from before a field was
+    added decodes the request as it always did.
+    """
 
     request_id: str
     model: str
@@ -81,6 +86,10 @@ class GenerateRequest(_Message, frozen=True, tag="generate"):
     """Token ids another instance already generated (and the client received) for this
     request: the engine continues after them (stream migration). ``max_tokens`` then
     counts only the tokens still to come, and ``usage`` counts only those too."""
+    whole: bool = False
+    """The caller reads the answer only once it is complete (a non-streaming request): the
+    worker may send every token in the final chunk's ``answer`` instead of one message per
+    chunk, sparing both sides a message per token. Workers that predate it stream."""
 
 
 class CancelRequest(_Message, frozen=True, tag="cancel"):
@@ -167,11 +176,17 @@ class TokenChunk(_Message, frozen=True, tag="token"):
     logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
 
 
-class FinalChunk(_Message, frozen=True, tag="final"):
+class FinalChunk(_Message, frozen=True, tag="final", omit_defaults=True):
     """The last chunk of a successful stream."""
 
     finish_reason: FinishReason
     usage: Usage
+    answer: TokenChunk | None = None
+    """For a ``whole`` request: every token of the answer, sent here rather than in token
+    chunks before (None when none were gathered: none generated, or a streaming request)."""
+    since_first_token_s: float = 0.0
+    """With ``answer``: seconds from its first token to this chunk leaving the worker, so
+    the frontend can still time the first token."""
 
 
 class ErrorChunk(_Message, frozen=True, tag="error"):
@@ -185,6 +200,18 @@ StreamChunk = TokenChunk | FinalChunk | ErrorChunk
 _encoder = msgspec.msgpack.Encoder()
 _instance_decoder = msgspec.msgpack.Decoder(InstanceMessage)
 _chunk_decoder = msgspec.msgpack.Decoder(StreamChunk)
+
+
+def join_tokens(chunks: list[TokenChunk]) -> TokenChunk:
+    """The token chunks of an answer, in order, as one chunk."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return TokenChunk(
+        text="".join([chunk.text for chunk in chunks]),
+        tokens=sum([chunk.tokens for chunk in chunks]),
+        token_ids=[token_id for chunk in chunks for token_id in chunk.token_ids],
+        logprobs=[logprob for chunk in chunks for logprob in chunk.logprobs],
+    )
 
 
 def encode_msg(message: msgspec.Struct) -> bytes:

@@ -43,6 +43,7 @@ from proto.inference import (
     UpdateRequest,
     decode_instance_message,
     encode_msg,
+    join_tokens,
 )
 from worker import metrics
 from worker.engine import LLMEngine
@@ -220,13 +221,23 @@ class Endpoint:
         if self.engine is None:
             raise UnavailableError("worker is starting; retry on another instance")
         timing = RequestTiming(self.engine.config.model_name, request.model)
+        gathered: list[TokenChunk] | None = [] if request.whole else None
         with self.engine.track_request(request.model):
             async for chunk in self.engine.generate(request):
-                await self._nc.publish(reply, encode_msg(chunk))
                 if isinstance(chunk, TokenChunk):
+                    if gathered is None:
+                        await self._nc.publish(reply, encode_msg(chunk))
+                    else:  # sent with the final chunk: one message for the whole answer
+                        gathered.append(chunk)
                     metrics.GENERATED_TOKENS.labels(request.model).inc(chunk.tokens)
                     timing.token()
                 elif isinstance(chunk, FinalChunk):
+                    if gathered:
+                        chunk = msgspec.structs.replace(
+                            chunk, answer=join_tokens(gathered),
+                            since_first_token_s=timing.since_first_token_s,
+                        )  # fmt: skip
+                    await self._nc.publish(reply, encode_msg(chunk))
                     timing.finished(chunk)
                     log.info(
                         "request served", finish_reason=chunk.finish_reason,

@@ -27,8 +27,15 @@ class RequestTiming:
         """Seconds since the request arrived."""
         return time.perf_counter() - self._arrived
 
+    @property
+    def since_first_token_s(self) -> float:
+        """Seconds since the first token (0 before it)."""
+        if self._first_token is None:
+            return 0.0
+        return time.perf_counter() - self._first_token
+
     def token(self) -> None:
-        """A token chunk left for the frontend; the first one sets the time to first token."""
+        """A token chunk came from the engine; the first one sets the time to first token."""
         if self._first_token is None:
             self._first_token = time.perf_counter()
             metrics.TTFT_SECONDS.labels(*self._labels).observe(self._first_token - self._arrived)

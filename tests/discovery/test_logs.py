@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 
 import structlog
 
@@ -24,10 +26,15 @@ PROGRAM = textwrap.dedent("""
 
 def test_json_logs_give_one_object_per_line_for_our_and_library_loggers():
     env = {**os.environ, "LOG_FORMAT": "json"}
+    started = datetime.now(UTC)
     done = subprocess.run(
         [sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, check=True
     )
+    ended = datetime.now(UTC)
     lines = [json.loads(line) for line in done.stderr.splitlines()]
+    for line in lines:  # ISO 8601 in UTC, to the microsecond (none when it is 0)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z", line["timestamp"])
+        assert started <= datetime.fromisoformat(line["timestamp"]) <= ended
     assert [(line["level"], line["event"]) for line in lines] == [
         ("warning", "worker gone"),
         ("error", "Application startup failed. Exiting."),
@@ -97,6 +104,8 @@ def test_console_renderer_writes_exactly_what_structlogs_own_writes():
         },
         {"event": "a longer event than the thirty characters it is padded to", "level": "error"},
         {"event": "no level", "unicode": "héllo wörld"},
+        {"event": "quotes", "tab": "a\tb", "dq": 'say "hi"', "nl": "a\nb", "cr": "a\rb"},
+        {"event": "plain", "path": "/v1/models/org/x", "empty": "", "number": 1.5, "flag": True},
     ]
     for colors in (False, True):
         ours = console_renderer(colors)

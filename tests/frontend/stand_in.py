@@ -6,7 +6,8 @@ so it cannot drift from the worker protocol; only the engine is scripted: it
 answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
 paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
 subscriber that answers nothing at all. Its base card says LoRA management is
-on unless ``enable_lora=False``. With ``answer_loads`` it serves
+on unless ``enable_lora=False``; with ``gathers=False`` it streams whole answers
+token by token, as workers from before ``GenerateRequest.whole`` do. With ``answer_loads`` it serves
 ``update/load_lora`` by publishing the adapter's card (``lose_first_card``: not
 the first time, as if evicted before anyone saw it; ``only_placed_copies``: after
 429 ``capacity`` to a load that keeps placed copies); otherwise it never
@@ -24,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import nats
 from nats.aio.msg import Msg
 
@@ -133,6 +135,7 @@ class StandInWorker:
         lose_first_card: bool = False,
         only_placed_copies: bool = False,
         enable_lora: bool = True,
+        gathers: bool = True,
     ) -> None:
         self.nats_url = nats_url
         self.etcd = etcd
@@ -140,6 +143,7 @@ class StandInWorker:
         self.adapters = adapters
         self.behaviour = behaviour
         self.answer_loads = answer_loads
+        self.gathers = gathers
         if behaviour is Behaviour.FAIL:
             error = error or ErrorInfo(code="internal_error", message="engine exploded")
         config = EngineConfig(model=f"/models/{model}", served_model_name=model,
@@ -174,7 +178,8 @@ class StandInWorker:
                                   endpoint=ENDPOINT, instance_id=self.instance_id)  # fmt: skip
         self.subject = address.subject
         self.nc = await nats.connect(self.nats_url)
-        self.endpoint = Endpoint(self.nc, self.lease, address)
+        endpoint = Endpoint if self.gathers else _StreamingEndpoint
+        self.endpoint = endpoint(self.nc, self.lease, address)
         if self.behaviour is Behaviour.MUTE:
             await self.nc.subscribe(self.subject, cb=_ignore)
             await self.nc.flush()
@@ -221,6 +226,14 @@ class StandInWorker:
             instance_id=self.instance_id, subject=self.subject, engine="stand-in",
             pid=os.getpid(), started_at=time.time(),
         )  # fmt: skip
+
+
+class _StreamingEndpoint(Endpoint):
+    """The endpoint of a worker from before ``GenerateRequest.whole``: it ignores the field
+    and sends every answer token chunk by token chunk."""
+
+    def _start_generate(self, request: GenerateRequest, reply: str) -> None:
+        super()._start_generate(msgspec.structs.replace(request, whole=False), reply)
 
 
 async def _ignore(_: Msg) -> None:

@@ -193,6 +193,42 @@ async def test_a_client_that_hangs_up_on_a_whole_answer_cancels_it_at_the_worker
     assert 'code="client_gone"' in metrics
 
 
+async def test_a_whole_answer_reads_the_same_from_a_worker_that_predates_gathering(
+    frontend, workers, nats_url, etcd, namespace
+) -> None:
+    new = await _start(workers, nats_url, etcd, namespace, model="new")
+    old = await _start(workers, nats_url, etcd, namespace, model="old", gathers=False)
+    await wait_for_models(frontend, {"new", "old"})
+    answers = {}
+    for model in ("new", "old"):
+        response = await frontend.http.post(CHAT, json=_chat(model, max_tokens=4))
+        assert response.status_code == 200, response.text
+        body = response.json()
+        answers[model] = (body["choices"], body["usage"])
+    assert new.generated[0].whole and not old.generated[0].whole  # old: streamed it
+    assert answers["new"] == answers["old"]
+    message = answers["new"][0][0]["message"]
+    assert message["content"] == "tok0 tok1 tok2 tok3"
+    assert answers["new"][1] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+    text = (await frontend.http.get("/metrics")).text
+    for model in ("new", "old"):
+        first_tokens = f'time_to_first_token_seconds_count{{endpoint="chat",model="{model}"}} 1.0'
+        assert first_tokens in text
+
+
+async def test_a_whole_answer_slower_than_the_stall_timeout_comes_whole_and_once(
+    frontend, workers, nats_url, etcd, namespace
+) -> None:
+    # 8 tokens of 0.1 s: the one reply message comes after 0.8 s, the stall timeout is 0.3 s
+    worker = await _start(workers, nats_url, etcd, namespace, token_delay_s=0.1)
+    await wait_for_models(frontend, {"demo"})
+    response = await frontend.http.post(CHAT, json=_chat(max_tokens=8))
+    assert response.status_code == 200
+    content = response.json()["choices"][0]["message"]["content"]
+    assert content == " ".join(f"tok{i}" for i in range(8))
+    assert len(worker.generated) == 1  # the silent worker answered the pings: no retry
+
+
 async def test_stream_carries_role_tokens_finish_and_usage(
     frontend, workers, nats_url, etcd, namespace
 ) -> None:

@@ -8,7 +8,18 @@ import msgspec
 
 from proto.adapters import LoadLoraRequest, LoraSource
 from proto.errors import ErrorInfo, NotFoundError
-from proto.inference import UpdateReply, UpdateRequest, decode_instance_message, encode_msg
+from proto.inference import (
+    FinalChunk,
+    GenerateRequest,
+    TokenChunk,
+    UpdateReply,
+    UpdateRequest,
+    Usage,
+    decode_chunk,
+    decode_instance_message,
+    encode_msg,
+    join_tokens,
+)
 
 
 class _OlderUpdateReply(msgspec.Struct, kw_only=True, frozen=True):
@@ -41,3 +52,35 @@ def test_an_update_request_carries_its_struct_as_the_wire_object() -> None:
     assert isinstance(message, UpdateRequest)
     assert message.body == {"lora_name": "pirate", "source": {"uri": "file:///a/pirate"}}
     assert msgspec.convert(message.body, LoadLoraRequest) == load
+
+
+class _OlderFinalChunk(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", tag="final"):
+    """``FinalChunk`` as frontends decoded it before it could carry the answer."""
+
+    finish_reason: str
+    usage: Usage
+
+
+def test_a_streaming_request_and_its_final_chunk_keep_their_older_wire_form() -> None:
+    request = GenerateRequest(request_id="r", model="m")
+    assert b"whole" not in encode_msg(request)  # an older worker reads what it always read
+    final = FinalChunk(finish_reason="stop", usage=Usage(completion_tokens=2))
+    older = msgspec.msgpack.decode(encode_msg(final), type=_OlderFinalChunk)
+    assert (older.finish_reason, older.usage) == ("stop", final.usage)
+
+
+def test_a_whole_request_and_its_gathered_answer_round_trip() -> None:
+    request = decode_instance_message(
+        encode_msg(GenerateRequest(request_id="r", model="m", whole=True))
+    )
+    assert isinstance(request, GenerateRequest) and request.whole
+    chunks = [
+        TokenChunk(text="a ", token_ids=[1]),
+        TokenChunk(text="b", tokens=2, token_ids=[2, 3]),
+    ]
+    answer = join_tokens(chunks)
+    assert answer == TokenChunk(text="a b", tokens=3, token_ids=[1, 2, 3])
+    final = FinalChunk(
+        finish_reason="length", usage=Usage(), answer=answer, since_first_token_s=0.5
+    )
+    assert decode_chunk(encode_msg(final)) == final

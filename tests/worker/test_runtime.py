@@ -107,6 +107,26 @@ async def test_request_streams_the_asked_number_of_tokens(worker_factory, etcd, 
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 7)
 
 
+async def test_a_whole_request_is_answered_in_one_message_with_every_token(
+    worker_factory, etcd, nc, namespace
+):
+    worker = worker_factory()
+    instance = await _instance(etcd, namespace)
+    sampling = SamplingParams(max_tokens=3, logprobs=1)
+    streamed = await stream(
+        nc, instance.subject, GenerateRequest(request_id="s", model="demo", sampling=sampling)
+    )
+    request = GenerateRequest(request_id="w", model="demo", sampling=sampling, whole=True)
+    (final,) = await stream(nc, instance.subject, request)
+    assert isinstance(final, FinalChunk) and final.answer is not None
+    tokens = [chunk for chunk in streamed if isinstance(chunk, TokenChunk)]
+    assert final.answer.text == "demo:0 demo:1 demo:2 " == "".join(t.text for t in tokens)
+    assert final.answer.token_ids == [0, 1, 2]
+    assert final.answer.logprobs == [logprob for t in tokens for logprob in t.logprobs]
+    assert (final.finish_reason, final.usage) == (streamed[-1].finish_reason, streamed[-1].usage)
+    assert _metric(worker, 'lorafleet_worker_generated_tokens_total{model="demo"}') == 6
+
+
 async def test_unknown_model_reaches_the_caller_as_an_error_chunk(
     worker_factory, etcd, nc, namespace
 ):
