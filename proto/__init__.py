@@ -126,6 +126,7 @@ from proto.openai import (
     UsageInfo,
 )
 from proto.placement import (
+    HELD_DEMAND_EPS,
     IN_USE_RPS,
     LOAD_BOUND_EPS,
     RendezvousCache,
@@ -191,6 +192,7 @@ __all__ = [
     "FinishReason",
     "FrontendHealth",
     "GenerateRequest",
+    "HELD_DEMAND_EPS",
     "HTTP_STATUS_BY_CODE",
     "INT64_MAX",
     "INT64_MIN",
