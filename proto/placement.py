@@ -204,14 +204,15 @@ def plan_copies(
     room = _room(wanted, slots, held, eps)
     bound = _DemandBound(wanted, slots, demand or {})
     plan: dict[str, list[int]] = {name: [] for name in sorted(wanted)}
-    busiest_first = bound.busiest_first(plan)
+    busiest_first = bound.busiest_first(list(plan))
     _keep_held(plan, busiest_first, wanted, held, room, bound, cache)
     short = []
+    caps = bound.caps(eps)
     for name in busiest_first:
         where = plan[name]
-        for demand_eps in (eps, None):  # within the demand bound if any instance allows
+        for cap in (caps, None):  # within the demand bound if any instance allows
             if len(where) < wanted[name]:
-                _fill(name, where, wanted[name], room, cache, bound, demand_eps)
+                _fill(name, where, wanted[name], room, cache, bound, cap)
         if len(where) < wanted[name]:
             short.append(name)
     if short:
@@ -236,11 +237,14 @@ def _room(
 
 
 class _DemandBound:
-    """Each instance's share of the placed adapters' demand, against its fair share.
+    """Each instance's share of the placed adapters' demand (``load``), against its fair share.
 
-    A copy carries its adapter's demand divided by its copies (the router spreads an
-    adapter's requests over its copies). With no demand known every instance stays at
-    zero, so every copy fits and placement goes by count alone.
+    A copy carries its adapter's demand divided by its copies (``per_copy``: the router
+    spreads an adapter's requests over its copies). A copy fits an instance while the
+    instance stays within its cap, ``(1 + eps)`` times its fair share by slots, or has no
+    demand yet (a copy busier than any share goes somewhere). With no demand known every
+    copy fits, and adapters keep their order by name. The checks are written out where
+    they run (``_keep_held``, ``_fill``): every held copy is checked on every pass.
     """
 
     def __init__(
@@ -248,33 +252,20 @@ class _DemandBound:
     ) -> None:
         total, all_slots = sum(demand.get(name, 0.0) for name in wanted), sum(slots.values()) or 1
         self._fair = {iid: total * n_slots / all_slots for iid, n_slots in slots.items()}
-        self._per_copy = {name: demand.get(name, 0.0) / n for name, n in wanted.items()}
-        self._load = dict.fromkeys(slots, 0.0)
+        self._active = total > 0
+        self.per_copy = {name: demand.get(name, 0.0) / n for name, n in wanted.items()}
+        self.load = dict.fromkeys(slots, 0.0)
 
-    def busiest_first(self, names_in_order: Iterable[str]) -> list[str]:
+    def caps(self, eps: float) -> dict[int, float]:
+        """Each instance's cap at ``eps``: the demand a copy may take it to."""
+        return {iid: (1 + eps) * fair for iid, fair in self._fair.items()}
+
+    def busiest_first(self, names_in_order: list[str]) -> list[str]:
         """Names by demand per copy, busiest first; equals keep their order (the sort is
         stable), so names given sorted come out the same for everyone."""
-        return sorted(names_in_order, key=self._per_copy.__getitem__, reverse=True)
-
-    def fits(self, instance_id: int, name: str, eps: float) -> bool:
-        """Whether a copy of ``name`` keeps the instance within ``1 + eps`` of its fair
-        share, or the instance has no demand yet (a copy busier than any share goes somewhere)."""
-        return bool(self.within([instance_id], name, eps))
-
-    def within(self, instance_ids: Iterable[int], name: str, eps: float) -> list[int]:
-        """Those of ``instance_ids`` that a copy of ``name`` fits (``fits``), in one call:
-        every held copy is checked on every pass."""
-        per_copy, load, fair = self._per_copy[name], self._load, self._fair
-        return [
-            iid for iid in instance_ids
-            if load[iid] == 0 or load[iid] + per_copy <= (1 + eps) * fair[iid]
-        ]  # fmt: skip
-
-    def add(self, instance_ids: Iterable[int], name: str) -> None:
-        """Count a copy of ``name`` on each of the instances."""
-        per_copy = self._per_copy[name]
-        for iid in instance_ids:
-            self._load[iid] += per_copy
+        if not self._active:
+            return names_in_order
+        return sorted(names_in_order, key=self.per_copy.__getitem__, reverse=True)
 
 
 def _keep_held(
@@ -294,19 +285,22 @@ def _keep_held(
             for name in names:
                 if name in wanted:
                     holders[name].append(iid)
+    load, cap = bound.load, bound.caps(HELD_DEMAND_EPS)
     for name in busiest_first:  # whatever order ``held`` came in
         candidates = holders.get(name)
         if not candidates:
             continue
-        where = plan[name]
-        with_room = [iid for iid in candidates if room[iid] > 0]
-        keeps = bound.within(with_room, name, HELD_DEMAND_EPS)
+        share = bound.per_copy[name]
+        keeps = [
+            iid for iid in candidates
+            if room[iid] > 0 and (load[iid] == 0 or load[iid] + share <= cap[iid])
+        ]  # fmt: skip
         if len(keeps) > wanted[name]:  # not all stay: the best-ranked do
             keeps = [iid for iid in cache.order(name) if iid in keeps][: wanted[name]]
-        where += keeps
-        bound.add(keeps, name)
+        plan[name] += keeps
         for iid in keeps:
             room[iid] -= 1
+            load[iid] += share
 
 
 def _fill(
@@ -316,18 +310,19 @@ def _fill(
     room: dict[int, int],
     cache: RendezvousCache,
     bound: _DemandBound,
-    demand_eps: float | None,
+    cap: Mapping[int, float] | None,
 ) -> None:
     """Walk ``name``'s rendezvous order, skipping instances full or at their bound, and
-    (``demand_eps`` given) those a copy would take past their demand bound."""
+    (``cap`` given) those a copy would take past their demand cap."""
+    load, share = bound.load, bound.per_copy[name]
     for rank in cache._ranked_entries(name):
         iid = _ranked_id(rank)
         if room[iid] > 0 and iid not in where:
-            if demand_eps is not None and not bound.fits(iid, name, demand_eps):
+            if cap is not None and load[iid] != 0 and load[iid] + share > cap[iid]:
                 continue
             where.append(iid)
             room[iid] -= 1
-            bound.add([iid], name)
+            load[iid] += share
             if len(where) == count:
                 return
 
