@@ -46,6 +46,9 @@ PREFETCH_FRACTION: Final = 0.7
 """Add a copy once demand per copy passes this share of the per-copy threshold (prefetch)."""
 DROP_FRACTION: Final = 0.5
 """Drop a copy only when one fewer would each see less than this share (hysteresis)."""
+_MAX_LOGGED_CHANGES: Final = 64
+"""Instance-set changes ``RendezvousCache`` keeps for orders not asked for since; an order
+older than that is rebuilt (100 weights and a sort) when next asked for."""
 IN_USE_RPS: Final = 0.1
 """Fleet demand below this is a trickle: such an adapter is never "in use" (eviction keeps
 no slot for it), and evicting one costs about the same as evicting another."""
@@ -112,8 +115,11 @@ def may_drop_copy(demand_rps: float, copies: int, *, copy_rps: float) -> bool:
 class RendezvousCache:
     """Rendezvous orders over one instance set, updated by difference when the set changes.
 
-    A weight is computed once per (adapter, instance): a new instance costs one hash
-    per cached adapter, not a re-ranking of every adapter.
+    A weight is computed once per (adapter, instance), and lazily: a changed instance set
+    is logged, and an adapter's order catches up with the log only when it is asked for
+    (one hash and one insertion per instance that came or went). A placement pass asks
+    only for the orders of adapters short of copies, so an instance that joins or leaves
+    costs the adapters it touches, not a re-ranking of every adapter.
 
     Example::
 
@@ -125,11 +131,15 @@ class RendezvousCache:
     def __init__(self) -> None:
         self._instances: dict[int, int] = {}
         """Instance -> its key (``_key`` of its hex id)."""
-        self._ranked: dict[str, tuple[int, list[int]]] = {}
-        """Adapter -> (its key, ``_rank``s ascending, i.e. best first)."""
+        self._changes: list[tuple[dict[int, int], dict[int, int]]] = []
+        """The instances each ``set_instances`` added and removed (id -> key), oldest first."""
+        self._first_change = 0
+        """The number of ``_changes[0]``: older changes are dropped (``_MAX_LOGGED_CHANGES``)."""
+        self._ranked: dict[str, tuple[int, int, list[int]]] = {}
+        """Adapter -> (its key, the changes applied to it, ``_rank``s ascending: best first)."""
 
     def set_instances(self, instance_ids: Iterable[int]) -> None:
-        """Follow a new instance set: insert the new instances, remove the gone ones."""
+        """Follow a new instance set: log the instances that came and went."""
         new = set(instance_ids)
         added = {iid: _key(f"{iid:x}") for iid in new if iid not in self._instances}
         removed = {iid: key for iid, key in self._instances.items() if iid not in new}
@@ -138,11 +148,10 @@ class RendezvousCache:
         for iid in removed:
             del self._instances[iid]
         self._instances |= added
-        for adapter_key, ranked in self._ranked.values():
-            for iid, key in removed.items():
-                del ranked[bisect.bisect_left(ranked, _rank(_mix(adapter_key ^ key), iid))]
-            for iid, key in added.items():
-                bisect.insort(ranked, _rank(_mix(adapter_key ^ key), iid))
+        self._changes.append((added, removed))
+        if len(self._changes) > _MAX_LOGGED_CHANGES:  # orders older than the log are rebuilt
+            del self._changes[0]
+            self._first_change += 1
 
     def retain(self, adapters: Collection[str]) -> None:
         """Forget the orders of adapters not in ``adapters`` (deleted from the desired state)."""
@@ -154,14 +163,24 @@ class RendezvousCache:
         return [_ranked_id(rank) for rank in self._ranked_entries(adapter)]
 
     def _ranked_entries(self, adapter: str) -> list[int]:
+        now = self._first_change + len(self._changes)
         cached = self._ranked.get(adapter)
-        if cached is None:
+        if cached is not None and cached[1] == now:
+            return cached[2]
+        if cached is None or cached[1] < self._first_change:
             adapter_key = _key(adapter)
             ranked = sorted(
                 _rank(_mix(adapter_key ^ key), iid) for iid, key in self._instances.items()
             )
-            cached = self._ranked[adapter] = (adapter_key, ranked)
-        return cached[1]
+        else:
+            adapter_key, applied, ranked = cached
+            for added, removed in self._changes[applied - self._first_change :]:
+                for iid, key in removed.items():
+                    del ranked[bisect.bisect_left(ranked, _rank(_mix(adapter_key ^ key), iid))]
+                for iid, key in added.items():
+                    bisect.insort(ranked, _rank(_mix(adapter_key ^ key), iid))
+        self._ranked[adapter] = (adapter_key, now, ranked)
+        return ranked
 
 
 def plan_copies(

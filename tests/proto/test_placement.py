@@ -100,6 +100,22 @@ def test_the_cache_ranks_as_rendezvous_order_does_after_changes() -> None:
         assert all(cache.order(name) == rendezvous_order(name, ids) for name in ADAPTERS[:20])
 
 
+def test_orders_not_asked_for_catch_up_with_any_number_of_changes() -> None:
+    """Orders catch up lazily; one not asked for over more changes than the cache logs is
+    rebuilt, one asked for in between is updated by difference."""
+    cache = RendezvousCache()
+    cache.set_instances([1, 2, 3])
+    assert cache.order("old") == rendezvous_order("old", [1, 2, 3])
+    ids = [1, 2, 3]
+    for step in range(200):
+        ids = [*ids[1:], 100 + step] if step % 2 else [*ids, 100 + step]
+        cache.set_instances(ids)
+        if step % 7 == 0:
+            assert cache.order("often") == rendezvous_order("often", ids)
+    assert cache.order("old") == rendezvous_order("old", ids)
+    assert cache.order("often") == rendezvous_order("often", ids)
+
+
 def test_copies_grow_before_saturation_and_shrink_with_hysteresis() -> None:
     assert wanted_copies(0.0, copy_rps=10) == 0
     assert wanted_copies(6.9, copy_rps=10) == 1
