@@ -228,11 +228,13 @@ def plan_copies(
     short = []
     caps = bound.caps(eps)
     for name in busiest_first:
-        where = plan[name]
-        for cap in (caps, None):  # within the demand bound if any instance allows
-            if len(where) < wanted[name]:
-                _fill(name, where, wanted[name], room, cache, bound, cap)
-        if len(where) < wanted[name]:
+        where, count = plan[name], wanted[name]
+        if len(where) == count:
+            continue
+        _fill(name, where, count, room, cache, bound, caps)
+        if len(where) < count:  # past the demand bound only when no instance allows it
+            _fill(name, where, count, room, cache, bound, None)
+        if len(where) < count:
             short.append(name)
     if short:
         _repair(plan, short, wanted, room, cache)
@@ -309,14 +311,13 @@ def _keep_held(
         candidates = holders.get(name)
         if not candidates:
             continue
-        share = bound.per_copy[name]
-        keeps = [
-            iid for iid in candidates
-            if room[iid] > 0 and (load[iid] == 0 or load[iid] + share <= cap[iid])
-        ]  # fmt: skip
+        share, keeps = bound.per_copy[name], []
+        for iid in candidates:  # a loop, not a comprehension: no frame per adapter
+            if room[iid] > 0 and (load[iid] == 0 or load[iid] + share <= cap[iid]):
+                keeps.append(iid)
         if len(keeps) > wanted[name]:  # not all stay: the best-ranked do
             keeps = [iid for iid in cache.order(name) if iid in keeps][: wanted[name]]
-        plan[name] += keeps
+        plan[name] = keeps
         for iid in keeps:
             room[iid] -= 1
             load[iid] += share
