@@ -45,19 +45,19 @@ FROM slim-deps AS slim
 COPY . /app
 RUN pip install --no-deps /app
 USER lorafleet
-CMD ["python", "-m", "frontend"]
+CMD ["python", "-m", "lorafleet.frontend"]
 
 FROM hf-deps AS hf
 COPY . /app
 RUN pip install --no-deps /app
 USER lorafleet
-CMD ["python", "-m", "worker"]
+CMD ["python", "-m", "lorafleet.worker"]
 
 FROM vllm-deps AS vllm
 COPY . /app
 RUN pip install --no-deps /app
 USER lorafleet
-CMD ["python", "-m", "worker"]
+CMD ["python", "-m", "lorafleet.worker"]
 
 # compose.secure.yaml's one-shot etcd-auth service: launch/etcd_auth_job.py drives etcdctl,
 # taken from the etcd image (which has no shell to run the steps itself).
@@ -65,4 +65,4 @@ FROM quay.io/coreos/etcd:v3.5.17 AS etcd-image
 
 FROM slim AS etcd-auth
 COPY --from=etcd-image /usr/local/bin/etcdctl /usr/local/bin/etcdctl
-CMD ["python", "-m", "launch.etcd_auth_job"]
+CMD ["python", "-m", "lorafleet.launch.etcd_auth_job"]

@@ -104,7 +104,7 @@ endif
 # (kept when it exists: etcd's volume holds the first ones). Standard library only: no
 # venv needed. See docs/compose.md.
 secrets:
-	$(PYTHON) -m launch.compose_secrets
+	$(PYTHON) -m lorafleet.launch.compose_secrets
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

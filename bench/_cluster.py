@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from discovery.keys import nats_subject
-from launch.etcd_cluster import EtcdCluster, start_etcd_cluster
-from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
-from launch.processes import (
+from lorafleet.discovery.keys import nats_subject
+from lorafleet.launch.etcd_cluster import EtcdCluster, start_etcd_cluster
+from lorafleet.launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from lorafleet.launch.processes import (
     READY_TIMEOUT_S,
     ServiceProcess,
     frontend_argv,
@@ -92,7 +92,7 @@ class BenchCluster:
         return self.etcd.url
 
     def frontend(self, *args: str, wait: bool = True) -> Service:
-        """Start ``python -m frontend`` on a free port."""
+        """Start ``python -m lorafleet.frontend`` on a free port."""
         port = free_port()
         service = self._spawn(f"frontend-{port}", frontend_argv(port=port, args=args), port)
         if wait:
@@ -102,7 +102,7 @@ class BenchCluster:
     def worker(
         self, model: str = "demo", *args: str, engine: str = "mocker", wait: bool = True
     ) -> Service:
-        """Start ``python -m worker`` (more flags in ``args``) on a free status port."""
+        """Start ``python -m lorafleet.worker`` (more flags in ``args``) on a free status port."""
         port = free_port()
         argv = worker_argv(port=port, model=model, engine=engine, args=args)
         service = self._spawn(f"worker-{port}", argv, port)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from bench._cluster import BenchCluster
-from launch.demo_model import EXPECTED_PROMPT, ensure_demo_model
+from lorafleet.launch.demo_model import EXPECTED_PROMPT, ensure_demo_model
 
 __all__ = ["ENGINES", "FailoverEngine", "failover_engine"]
 

@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from discovery.client import EtcdClient, connect_etcd
-from discovery.keys import instance_key
-from discovery.lease import LeaseKeeper
-from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
-from discovery.nats_settings import NatsSettings
-from proto.adapters import LoadLoraRequest, LoraSource, UnloadLoraRequest
-from proto.discovery import Instance, encode_record
-from worker.endpoint import Endpoint, EndpointAddress
-from worker.engine import EngineConfig
-from worker.engines.mocker import MockerEngine
-from worker.lora_controller import LoraController
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.keys import instance_key
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource, UnloadLoraRequest
+from lorafleet.proto.discovery import Instance, encode_record
+from lorafleet.worker.endpoint import Endpoint, EndpointAddress
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines.mocker import MockerEngine
+from lorafleet.worker.lora_controller import LoraController
 
 __all__ = ["SimulatedFleet", "SimulatedInstance"]
 

@@ -20,10 +20,10 @@ from bench._fleet import SimulatedFleet, SimulatedInstance
 from bench._http import HttpConnection, build_request
 from bench._report import ms, percentile
 from bench.plan_copies import time_changes
-from discovery.client import EtcdClient
-from frontend.config import FrontendConfig
-from frontend.registry import ModelRegistry
-from frontend.router import make_router
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.router import make_router
 
 __all__ = [
     "Cards",

@@ -25,11 +25,11 @@ from bench._cluster import BenchCluster
 from bench._load import Outcome, Session, closed_loop
 from bench._report import add_output_flags, benchmark_main, machine, table
 from bench.serve import http_session
-from discovery.client import EtcdClient, connect_etcd
-from discovery.lease import LeaseKeeper, LeaseState
-from discovery.watch_cache import WatchCache
-from launch.etcd_cluster import EtcdCluster
-from launch.local_servers import start_etcd
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.lease import LeaseKeeper, LeaseState
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.launch.etcd_cluster import EtcdCluster
+from lorafleet.launch.local_servers import start_etcd
 
 __all__ = ["build_parser", "main", "run"]
 

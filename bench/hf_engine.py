@@ -36,18 +36,18 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launch.demo_model import (
+from lorafleet.launch.demo_model import (
     ADAPTER_NAMES,
     DEMO_MODEL_NAME,
     DemoModelPaths,
     build_demo_model,
     ensure_demo_model,
 )
-from proto.inference import FinalChunk, GenerateRequest, SamplingParams
-from proto.naming import lora_id
-from worker.engine import EngineConfig
-from worker.engines._hf_batch import BASE_ADAPTER
-from worker.engines.hf import HFEngine
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, SamplingParams
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines._hf_batch import BASE_ADAPTER
+from lorafleet.worker.engines.hf import HFEngine
 
 BATCH_SIZES: Final = (1, 3, 6, 12)
 PROMPT: Final = "hi"

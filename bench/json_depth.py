@@ -18,8 +18,8 @@ from typing import Any, Final
 import msgspec
 
 from bench._report import add_output_flags, benchmark_main, machine, percentile, table
-from proto.errors import InvalidRequestError
-from proto.limits import MAX_JSON_DEPTH, check_json_depth
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.limits import MAX_JSON_DEPTH, check_json_depth
 
 MB: Final = 1_000_000
 

@@ -72,7 +72,7 @@ async def _mocker_fleet(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _cold_hf(args: argparse.Namespace) -> dict[str, Any]:
     """Cold requests for the demo model's pirate adapter on one hf worker."""
-    from launch.demo_model import DEMO_MODEL_NAME, ensure_demo_model
+    from lorafleet.launch.demo_model import DEMO_MODEL_NAME, ensure_demo_model
 
     demo = await asyncio.to_thread(ensure_demo_model)
     with BenchCluster() as cluster:

@@ -34,9 +34,9 @@ from bench._scale_probes import (
     rss_kib,
     wait_listing,
 )
-from discovery.client import EtcdClient, connect_etcd
-from frontend.registry import ModelRegistry
-from launch.processes import stop_services
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.launch.processes import stop_services
 
 __all__ = ["build_parser", "main", "run"]
 

@@ -22,10 +22,10 @@ from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request, complete_stream
 from bench._load import Call, Outcome, Session, StepResult, run_step
 from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
-from discovery.nats_connection import NatsConnection
-from discovery.nats_settings import NatsSettings
-from frontend.request_plane import RequestPlane
-from proto.inference import (
+from lorafleet.discovery.nats_connection import NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.proto.inference import (
     ChatMessage,
     FinalChunk,
     GenerateRequest,

@@ -13,11 +13,11 @@ import json
 import time
 from typing import Any, Final
 
-from launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, ensure_demo_model
-from proto.inference import ChatMessage, FinalChunk, GenerateRequest, SamplingParams
-from proto.naming import lora_id
-from worker.engine import EngineConfig
-from worker.engines.vllm import VLLMEngine
+from lorafleet.launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, ensure_demo_model
+from lorafleet.proto.inference import ChatMessage, FinalChunk, GenerateRequest, SamplingParams
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines.vllm import VLLMEngine
 
 MAX_TOKENS: Final = 64
 ROUNDS: Final = 3

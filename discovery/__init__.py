@@ -1,33 +1,33 @@
 """The control-plane connections: etcd (lease, records, key layout, watch cache) and NATS."""
 
-from discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
-from discovery.build_info import (
+from lorafleet.discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
+from lorafleet.discovery.build_info import (
     lorafleet_version,
     python_version,
 )
-from discovery.cli_help import (
+from lorafleet.discovery.cli_help import (
     HelpFormatter,
     add_version,
 )
-from discovery.client import (
+from lorafleet.discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
     RERESOLVE_INTERVAL_S,
     EtcdClient,
     connect_etcd,
 )
-from discovery.connect import (
+from lorafleet.discovery.connect import (
     wait_for_etcd,
     wait_for_nats,
 )
-from discovery.errors import (
+from lorafleet.discovery.errors import (
     EtcdRefusedError,
     EtcdUnavailableError,
     NatsAuthError,
     NatsConnectError,
     NatsSettingsError,
 )
-from discovery.flags import (
+from lorafleet.discovery.flags import (
     ConnectionArgs,
     FlagSpec,
     add_connection_flags,
@@ -36,12 +36,12 @@ from discovery.flags import (
     env_flag,
     env_option,
 )
-from discovery.header_timeout import (
+from lorafleet.discovery.header_timeout import (
     DEFAULT_HEADER_TIMEOUT_S,
     HeaderTimeoutProtocol,
     with_header_timeout,
 )
-from discovery.keys import (
+from lorafleet.discovery.keys import (
     ADAPTERS_ROOT,
     DEFAULT_NAMESPACE,
     INSTANCES_ROOT,
@@ -60,15 +60,15 @@ from discovery.keys import (
     nats_subject,
     parse_card_key,
 )
-from discovery.lease import (
+from lorafleet.discovery.lease import (
     LeaseKeeper,
     LeaseState,
 )
-from discovery.logs import (
+from lorafleet.discovery.logs import (
     configure_logging,
     console_renderer,
 )
-from discovery.nats_connection import (
+from lorafleet.discovery.nats_connection import (
     DEFAULT_INBOX_PREFIX,
     NATS_CONNECT_TIMEOUT_S,
     NATS_RECONNECT_CAP_S,
@@ -78,29 +78,29 @@ from discovery.nats_connection import (
     NatsState,
     StateListener,
 )
-from discovery.nats_settings import (
+from lorafleet.discovery.nats_settings import (
     DEFAULT_NATS_SERVER,
     NatsSettings,
     parse_nats_servers,
 )
-from discovery.pids import (
+from lorafleet.discovery.pids import (
     pid_alive,
 )
-from discovery.response_head import (
+from lorafleet.discovery.response_head import (
     HeadWithBodyProtocol,
 )
-from discovery.settings import (
+from lorafleet.discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
     EtcdSettings,
     parse_endpoints,
 )
-from discovery.startup import (
+from lorafleet.discovery.startup import (
     DEFAULT_CONNECT_TIMEOUT_S,
     ConnectTimeoutError,
     connect_with_retry,
     unless_stopped,
 )
-from discovery.watch_cache import (
+from lorafleet.discovery.watch_cache import (
     WatchCache,
     WatchListener,
 )

@@ -15,8 +15,8 @@ from typing import Any, Final, TypeAlias
 
 import grpc
 
-from discovery._auth import TokenInterceptor
-from discovery.settings import EtcdSettings
+from lorafleet.discovery._auth import TokenInterceptor
+from lorafleet.discovery.settings import EtcdSettings
 
 __all__ = [
     "ChannelPlan",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from discovery.build_info import lorafleet_version
+from lorafleet.discovery.build_info import lorafleet_version
 
 __all__ = ["HelpFormatter", "add_version"]
 

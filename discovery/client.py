@@ -19,8 +19,8 @@ import grpc
 import structlog
 from aetcd import rpc, utils, watcher
 
-from discovery._auth import TokenInterceptor, is_stale_token
-from discovery._channel import (
+from lorafleet.discovery._auth import TokenInterceptor, is_stale_token
+from lorafleet.discovery._channel import (
     MAX_RECONNECT_BACKOFF_MS,
     ChannelPlan,
     Resolver,
@@ -29,9 +29,9 @@ from discovery._channel import (
     plan_channel,
     resolve_host,
 )
-from discovery.errors import EtcdRefusedError, EtcdUnavailableError
-from discovery.keys import INSTANCES_ROOT, KEYS_ROOT
-from discovery.settings import EtcdSettings
+from lorafleet.discovery.errors import EtcdRefusedError, EtcdUnavailableError
+from lorafleet.discovery.keys import INSTANCES_ROOT, KEYS_ROOT
+from lorafleet.discovery.settings import EtcdSettings
 
 __all__ = [
     "ETCD_OP_TIMEOUT_S",

@@ -7,11 +7,11 @@ service is waited for, where, and which variable to check when it never answers
 
 from __future__ import annotations
 
-from discovery.client import EtcdClient, connect_etcd
-from discovery.nats_connection import DEFAULT_INBOX_PREFIX, LostCallback, NatsConnection
-from discovery.nats_settings import NatsSettings
-from discovery.settings import EtcdSettings
-from discovery.startup import connect_with_retry
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.nats_connection import DEFAULT_INBOX_PREFIX, LostCallback, NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.discovery.startup import connect_with_retry
 
 __all__ = ["wait_for_etcd", "wait_for_nats"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from proto.errors import LorafleetError, NatsUnavailableError, UnavailableError
+from lorafleet.proto.errors import LorafleetError, NatsUnavailableError, UnavailableError
 
 __all__ = [
     "EtcdRefusedError",

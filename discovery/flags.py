@@ -17,11 +17,11 @@ import os
 from collections.abc import Callable, Collection
 from typing import Any, Final, TypedDict
 
-from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
-from discovery.keys import DEFAULT_NAMESPACE
-from discovery.nats_settings import DEFAULT_NATS_SERVER
-from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
-from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
+from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from lorafleet.discovery.keys import DEFAULT_NAMESPACE
+from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
+from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 
 __all__ = [
     "ConnectionArgs",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar, Final
 
-from discovery.response_head import HeadWithBodyProtocol
+from lorafleet.discovery.response_head import HeadWithBodyProtocol
 
 __all__ = ["DEFAULT_HEADER_TIMEOUT_S", "HeaderTimeoutProtocol", "with_header_timeout"]
 

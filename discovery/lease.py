@@ -16,8 +16,8 @@ from typing import Final
 import aetcd
 import structlog
 
-from discovery.client import EtcdClient
-from proto.backoff import backoff_s
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.proto.backoff import backoff_s
 
 __all__ = ["LeaseKeeper", "LeaseState"]
 

@@ -22,9 +22,9 @@ import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 
-from discovery.errors import NatsAuthError, NatsConnectError
-from discovery.nats_settings import NatsSettings
-from proto.backoff import backoff_s
+from lorafleet.discovery.errors import NatsAuthError, NatsConnectError
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.proto.backoff import backoff_s
 
 __all__ = [
     "DEFAULT_INBOX_PREFIX",

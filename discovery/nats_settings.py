@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from discovery.errors import NatsSettingsError
+from lorafleet.discovery.errors import NatsSettingsError
 
 __all__ = ["DEFAULT_NATS_SERVER", "NatsSettings", "parse_nats_servers"]
 

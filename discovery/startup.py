@@ -14,8 +14,8 @@ from typing import Any, Final, TypeVar
 
 import structlog
 
-from proto.backoff import backoff_s
-from proto.errors import UnavailableError
+from lorafleet.proto.backoff import backoff_s
+from lorafleet.proto.errors import UnavailableError
 
 __all__ = [
     "ConnectTimeoutError",

@@ -14,8 +14,8 @@ from typing import Final, Generic, TypeAlias, TypeVar
 import msgspec
 import structlog
 
-from discovery.client import EtcdClient
-from proto.backoff import backoff_s
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.proto.backoff import backoff_s
 
 __all__ = ["WatchCache", "WatchListener"]
 

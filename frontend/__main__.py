@@ -1,4 +1,4 @@
-"""``python -m frontend``: run the OpenAI-compatible frontend with uvicorn.
+"""``python -m lorafleet.frontend``: run the OpenAI-compatible frontend with uvicorn.
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
@@ -23,26 +23,26 @@ from typing import Final
 import uvicorn
 from litestar import Litestar
 
-from discovery.cli_help import HelpFormatter, add_version
-from discovery.flags import (
+from lorafleet.discovery.cli_help import HelpFormatter, add_version
+from lorafleet.discovery.flags import (
     FlagSpec,
     add_connection_flags,
     add_env_options,
     connection_args,
     env_option,
 )
-from discovery.header_timeout import with_header_timeout
-from discovery.logs import configure_logging
-from frontend.app import create_app
-from frontend.config import (
+from lorafleet.discovery.header_timeout import with_header_timeout
+from lorafleet.discovery.logs import configure_logging
+from lorafleet.frontend.app import create_app
+from lorafleet.frontend.config import (
     DEFAULT_HTTP_PORT,
     DEFAULT_ON_DEMAND_TIMEOUT_S,
     DEFAULT_SHUTDOWN_GRACE_S,
     FrontendConfig,
 )
-from frontend.dispatcher import DispatchSettings
-from frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
-from frontend.router import ROUTERS
+from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
+from lorafleet.frontend.router import ROUTERS
 
 __all__ = ["build_parser", "config_from_args", "main"]
 

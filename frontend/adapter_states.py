@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from frontend.fleet_loads import FleetLoads
-from frontend.load_failures import LoadFailures
-from frontend.on_demand import OnDemandLoader
-from frontend.registry import ModelRegistry
-from proto.adapters import (
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.load_failures import LoadFailures
+from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.proto.adapters import (
     AdapterLoadError,
     AdapterSpec,
     AdapterState,
@@ -22,7 +22,7 @@ from proto.adapters import (
     LoraSource,
     replica_bounds,
 )
-from proto.uris import public_uri
+from lorafleet.proto.uris import public_uri
 
 __all__ = ["AdapterStates", "StateOf"]
 

@@ -15,8 +15,8 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
-from proto.auth import bearer_token_accepted
-from proto.errors import UnauthorizedError
+from lorafleet.proto.auth import bearer_token_accepted
+from lorafleet.proto.errors import UnauthorizedError
 
 __all__ = ["admin_post", "require_admin_token"]
 

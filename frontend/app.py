@@ -25,31 +25,31 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
-from discovery.connect import wait_for_etcd, wait_for_nats
-from discovery.nats_settings import NatsSettings
-from discovery.startup import unless_stopped
-from frontend.access_log import AccessLogMiddleware
-from frontend.adapter_states import AdapterStates
-from frontend.config import FrontendConfig
-from frontend.controllers import CONTROLLERS
-from frontend.desired_state import DesiredState
-from frontend.dispatcher import Dispatcher
-from frontend.errors import openai_error, openai_type, unexpected_error
-from frontend.fast_path import MAX_BODY_BYTES, GenerateFastPath
-from frontend.fleet_loads import FleetLoads
-from frontend.generate_routes import ENDPOINT_BY_PATH
-from frontend.generation import GenerationService
-from frontend.json_request import BoundedJsonRequest
-from frontend.load_failures import LoadFailures
-from frontend.metrics import FrontendMetrics
-from frontend.on_demand import OnDemandLoader
-from frontend.registry import ModelRegistry
-from frontend.request_plane import RequestPlane
-from frontend.resolver import ModelResolver
-from frontend.router import make_router
-from frontend.services import Services, services_of
-from proto.errors import LorafleetError
-from proto.openai import OpenAIError, OpenAIErrorResponse
+from lorafleet.discovery.connect import wait_for_etcd, wait_for_nats
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.discovery.startup import unless_stopped
+from lorafleet.frontend.access_log import AccessLogMiddleware
+from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.controllers import CONTROLLERS
+from lorafleet.frontend.desired_state import DesiredState
+from lorafleet.frontend.dispatcher import Dispatcher
+from lorafleet.frontend.errors import openai_error, openai_type, unexpected_error
+from lorafleet.frontend.fast_path import MAX_BODY_BYTES, GenerateFastPath
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.generate_routes import ENDPOINT_BY_PATH
+from lorafleet.frontend.generation import GenerationService
+from lorafleet.frontend.json_request import BoundedJsonRequest
+from lorafleet.frontend.load_failures import LoadFailures
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.router import make_router
+from lorafleet.frontend.services import Services, services_of
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = ["create_app"]
 

@@ -17,8 +17,8 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from proto.discovery import ModelDeploymentCard, decode_card
-from proto.uris import public_uri
+from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
+from lorafleet.proto.uris import public_uri
 
 __all__ = ["CardView", "decode_card_view"]
 

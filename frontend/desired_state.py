@@ -13,11 +13,11 @@ from typing import Final
 
 import structlog
 
-from discovery.client import EtcdClient
-from discovery.keys import adapter_key, adapters_prefix
-from discovery.watch_cache import WatchCache
-from proto.adapters import AdapterSpec, decode_adapter_spec, encode_adapter_spec
-from proto.naming import lora_slug
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import adapter_key, adapters_prefix
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.proto.adapters import AdapterSpec, decode_adapter_spec, encode_adapter_spec
+from lorafleet.proto.naming import lora_slug
 
 __all__ = ["DesiredState"]
 

@@ -17,15 +17,15 @@ from typing import Final
 
 import structlog
 
-from frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
-from frontend.metrics import FrontendMetrics
-from frontend.registry import ServedModel
-from frontend.request_plane import Reply, RequestPlane
-from frontend.router import Router
-from frontend.token_stream import Lookup, TokenStream
-from proto.discovery import Instance
-from proto.errors import LorafleetError, error_from_info
-from proto.inference import (
+from lorafleet.frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.request_plane import Reply, RequestPlane
+from lorafleet.frontend.router import Router
+from lorafleet.frontend.token_stream import Lookup, TokenStream
+from lorafleet.proto.discovery import Instance
+from lorafleet.proto.errors import LorafleetError, error_from_info
+from lorafleet.proto.inference import (
     ErrorChunk,
     FinalChunk,
     GenerateRequest,

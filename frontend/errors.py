@@ -32,8 +32,8 @@ from typing import ClassVar, Final
 
 import structlog
 
-from proto.adapters import AdapterLoadError
-from proto.errors import (
+from lorafleet.proto.adapters import AdapterLoadError
+from lorafleet.proto.errors import (
     HTTP_STATUS_BY_CODE,
     CapacityError,
     InvalidRequestError,
@@ -43,8 +43,8 @@ from proto.errors import (
     UpstreamError,
     http_status,
 )
-from proto.limits import shorten
-from proto.openai import OpenAIError, OpenAIErrorResponse
+from lorafleet.proto.limits import shorten
+from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = [
     "AdapterLoadFailedError",

@@ -18,14 +18,14 @@ from collections.abc import AsyncIterator
 import msgspec
 import structlog
 
-from frontend.access_log import RequestRecord
-from frontend.dispatcher import Completion
-from frontend.errors import openai_error
-from frontend.metrics import FrontendMetrics
-from frontend.shapes import SSE_DONE, Answer, Shape, sse
-from frontend.token_stream import TokenStream
-from proto.errors import LorafleetError
-from proto.inference import FinalChunk, TokenChunk
+from lorafleet.frontend.access_log import RequestRecord
+from lorafleet.frontend.dispatcher import Completion
+from lorafleet.frontend.errors import openai_error
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.shapes import SSE_DONE, Answer, Shape, sse
+from lorafleet.frontend.token_stream import TokenStream
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.inference import FinalChunk, TokenChunk
 
 __all__ = ["Exchange", "SseAnswer"]
 

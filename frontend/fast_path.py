@@ -35,14 +35,14 @@ from litestar.types import (
     Send,
 )
 
-from frontend.access_log import logged
-from frontend.errors import openai_error, unexpected_error
-from frontend.exchange import SseAnswer
-from frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
-from frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
-from frontend.services import services_of
-from proto.errors import LorafleetError
-from proto.limits import check_json_depth
+from lorafleet.frontend.access_log import logged
+from lorafleet.frontend.errors import openai_error, unexpected_error
+from lorafleet.frontend.exchange import SseAnswer
+from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
+from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
+from lorafleet.frontend.services import services_of
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.limits import check_json_depth
 
 __all__ = ["GenerateFastPath", "MAX_BODY_BYTES"]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from discovery.client import EtcdClient
-from discovery.keys import load_prefix
-from discovery.watch_cache import WatchCache
-from proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import load_prefix
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
 
 __all__ = ["FleetLoads", "instance_id_of"]
 

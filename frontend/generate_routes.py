@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from frontend.generation import ToGenerate
-from frontend.shapes import CHAT, COMPLETIONS, Shape
-from frontend.translate import chat_to_generate, completion_to_generate
-from proto.openai import ChatCompletionRequest, CompletionRequest
+from lorafleet.frontend.generation import ToGenerate
+from lorafleet.frontend.shapes import CHAT, COMPLETIONS, Shape
+from lorafleet.frontend.translate import chat_to_generate, completion_to_generate
+from lorafleet.proto.openai import ChatCompletionRequest, CompletionRequest
 
 __all__ = [
     "CHAT_ROUTE",

@@ -20,18 +20,18 @@ import msgspec
 import structlog
 from litestar.types import Receive
 
-from frontend.access_log import current_record
-from frontend.dispatcher import Dispatcher
-from frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError
-from frontend.exchange import Exchange, SseAnswer
-from frontend.metrics import FrontendMetrics
-from frontend.registry import ServedModel
-from frontend.resolver import ModelResolver
-from frontend.shapes import Answer, Shape
-from frontend.token_stream import TokenStream
-from proto.errors import LorafleetError
-from proto.inference import GenerateRequest, TokenChunk
-from proto.openai import ChatCompletionRequest, CompletionRequest
+from lorafleet.frontend.access_log import current_record
+from lorafleet.frontend.dispatcher import Dispatcher
+from lorafleet.frontend.errors import ClientGoneError, NoLiveInstanceError, WorkerError
+from lorafleet.frontend.exchange import Exchange, SseAnswer
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.shapes import Answer, Shape
+from lorafleet.frontend.token_stream import TokenStream
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.inference import GenerateRequest, TokenChunk
+from lorafleet.proto.openai import ChatCompletionRequest, CompletionRequest
 
 __all__ = [
     "GenerationService",

@@ -12,7 +12,7 @@ from typing import Any
 
 from litestar import Request
 
-from proto.limits import check_json_depth
+from lorafleet.proto.limits import check_json_depth
 
 __all__ = ["BoundedJsonRequest"]
 

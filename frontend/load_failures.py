@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from frontend.fleet_loads import FleetLoads
-from proto.adapters import AdapterLoadError
-from proto.errors import LorafleetError
-from proto.fleet_load import LoadFailure
-from proto.uris import public_uris_in
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.proto.adapters import AdapterLoadError
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.fleet_load import LoadFailure
+from lorafleet.proto.uris import public_uris_in
 
 __all__ = ["FAILED_LOAD_HOLD_S", "Failure", "LoadFailures", "iso_time"]
 

@@ -26,8 +26,8 @@ from typing import Final
 import msgspec
 import structlog
 
-from frontend.dispatcher import DispatchSettings
-from frontend.errors import (
+from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.frontend.errors import (
     AdapterLoadFailedError,
     BaseModelUnavailableError,
     InstanceLostError,
@@ -36,24 +36,24 @@ from frontend.errors import (
     LoadUnauthorizedError,
     WorkerError,
 )
-from frontend.fleet_loads import FleetLoads
-from frontend.load_failures import Failure, LoadFailures, iso_time
-from frontend.metrics import FrontendMetrics
-from frontend.registry import ModelRegistry, ServedModel
-from frontend.request_plane import RequestPlane
-from proto.adapters import AdapterSpec, LoadLoraRequest
-from proto.auth import bearer_header
-from proto.discovery import Instance
-from proto.errors import (
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.load_failures import Failure, LoadFailures, iso_time
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.registry import ModelRegistry, ServedModel
+from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.proto.adapters import AdapterSpec, LoadLoraRequest
+from lorafleet.proto.auth import bearer_header
+from lorafleet.proto.discovery import Instance
+from lorafleet.proto.errors import (
     CapacityError,
     ErrorInfo,
     LorafleetError,
     UnauthorizedError,
     error_from_info,
 )
-from proto.inference import UpdateReply, UpdateRequest
-from proto.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
-from proto.uris import public_uri
+from lorafleet.proto.inference import UpdateReply, UpdateRequest
+from lorafleet.proto.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
+from lorafleet.proto.uris import public_uri
 
 __all__ = [
     "DEFAULT_ON_DEMAND_QUEUE",

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
-from discovery.client import EtcdClient
-from discovery.keys import card_prefix, instance_prefix, parse_card_key
-from discovery.watch_cache import WatchCache
-from frontend.card_view import CardView, decode_card_view
-from proto.discovery import Instance, decode_instance
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import card_prefix, instance_prefix, parse_card_key
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.frontend.card_view import CardView, decode_card_view
+from lorafleet.proto.discovery import Instance, decode_instance
 
 __all__ = ["ModelRegistry", "ServedModel", "build_index"]
 

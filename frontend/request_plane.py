@@ -28,10 +28,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from discovery.nats_connection import NatsConnection, NatsState
-from frontend.errors import InstanceLostError, PayloadTooLargeError
-from proto.errors import NatsUnavailableError, UnavailableError
-from proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
+from lorafleet.discovery.nats_connection import NatsConnection, NatsState
+from lorafleet.frontend.errors import InstanceLostError, PayloadTooLargeError
+from lorafleet.proto.errors import NatsUnavailableError, UnavailableError
+from lorafleet.proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
 
 __all__ = ["Patience", "Reply", "RequestPlane", "is_no_responders"]
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frontend.desired_state import DesiredState
-from frontend.errors import (
+from lorafleet.frontend.desired_state import DesiredState
+from lorafleet.frontend.errors import (
     MAX_NAMES_IN_MESSAGE,
     ModelNotFoundError,
     NoLiveInstanceError,
     WorkerError,
 )
-from frontend.on_demand import OnDemandLoader
-from frontend.registry import ModelRegistry, ServedModel
-from proto.adapters import AdapterSpec
-from proto.errors import LorafleetError
+from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.registry import ModelRegistry, ServedModel
+from lorafleet.proto.adapters import AdapterSpec
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["ColdAdapter", "ModelResolver"]
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-from proto.discovery import Instance
+from lorafleet.proto.discovery import Instance
 
 __all__ = [
     "LeastInflightRouter",

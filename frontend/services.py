@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from litestar.datastructures import State
 
-from frontend.adapter_states import AdapterStates
-from frontend.desired_state import DesiredState
-from frontend.fleet_loads import FleetLoads
-from frontend.generation import GenerationService
-from frontend.metrics import FrontendMetrics
-from frontend.registry import ModelRegistry
-from frontend.request_plane import RequestPlane
-from frontend.resolver import ModelResolver
+from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.desired_state import DesiredState
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.generation import GenerationService
+from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.frontend.resolver import ModelResolver
 
 __all__ = ["Services", "services_of"]
 

@@ -12,9 +12,9 @@ from typing import Final
 
 import msgspec
 
-from frontend.translate import openai_finish_reason, usage_info
-from proto.inference import FinalChunk, TokenChunk, TokenLogprob
-from proto.openai import (
+from lorafleet.frontend.translate import openai_finish_reason, usage_info
+from lorafleet.proto.inference import FinalChunk, TokenChunk, TokenLogprob
+from lorafleet.proto.openai import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,

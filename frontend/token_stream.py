@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import msgspec
 import structlog
 
-from frontend.errors import InstanceLostError, WorkerError
-from frontend.registry import ServedModel
-from proto.errors import UpstreamError, error_from_info
-from proto.inference import (
+from lorafleet.frontend.errors import InstanceLostError, WorkerError
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.proto.errors import UpstreamError, error_from_info
+from lorafleet.proto.inference import (
     ErrorChunk,
     FinalChunk,
     GenerateRequest,
@@ -33,7 +33,7 @@ from proto.inference import (
 )
 
 if TYPE_CHECKING:
-    from frontend.dispatcher import Attempt, Dispatcher
+    from lorafleet.frontend.dispatcher import Attempt, Dispatcher
 
 __all__ = ["Lookup", "TokenStream"]
 

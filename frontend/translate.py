@@ -15,10 +15,16 @@ from typing import Final
 
 import msgspec
 
-from frontend.errors import BadFieldError
-from frontend.registry import ServedModel
-from proto.inference import ChatMessage, FinishReason, GenerateRequest, SamplingParams, Usage
-from proto.openai import (
+from lorafleet.frontend.errors import BadFieldError
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.proto.inference import (
+    ChatMessage,
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    Usage,
+)
+from lorafleet.proto.openai import (
     ChatCompletionRequest,
     ChatContentPart,
     ChatRequestMessage,

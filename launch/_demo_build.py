@@ -19,14 +19,14 @@ from peft import PeftModel
 from tokenizers import Tokenizer
 from transformers import GenerationConfig, LlamaForCausalLM
 
-from launch._demo_corpus import (
+from lorafleet.launch._demo_corpus import (
     ANSWERS,
     BOS_TOKEN,
     CHAT_TEMPLATE,
     EOS_TOKEN,
     PAD_TOKEN,
 )
-from launch._demo_training import (
+from lorafleet.launch._demo_training import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -35,7 +35,7 @@ from launch._demo_training import (
     build_tokenizer,
     greedy_answer,
 )
-from proto.errors import LorafleetError
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["build_and_save"]
 

@@ -14,7 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from launch._demo_corpus import (
+from lorafleet.launch._demo_corpus import (
     ANSWERS,
     SPECIAL_TOKENS,
     chat_prompt,

@@ -19,19 +19,19 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from discovery.client import connect_etcd
-from discovery.keys import instance_prefix
-from discovery.settings import EtcdSettings
-from launch.fleet_status import DEFAULT_APPLY_WAIT_S, describe, settled_status
-from launch.table import print_table
-from proto.adapters import (
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.keys import instance_prefix
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S, describe, settled_status
+from lorafleet.launch.table import print_table
+from lorafleet.proto.adapters import (
     AdapterSpec,
     ListLorasRequest,
     LoadLoraRequest,
     LoraSource,
     UnloadLoraRequest,
 )
-from proto.discovery import Instance, decode_instance
+from lorafleet.proto.discovery import Instance, decode_instance
 
 __all__ = [
     "apply_adapter",

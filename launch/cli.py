@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from discovery.cli_help import HelpFormatter, add_version
-from discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
-from launch.cluster_state import ClusterState, read_state
-from launch.fleet_status import DEFAULT_APPLY_WAIT_S
-from proto.adapters import AdapterSpec, LoraSource
-from proto.errors import LorafleetError
+from lorafleet.discovery.cli_help import HelpFormatter, add_version
+from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from lorafleet.launch.cluster_state import ClusterState, read_state
+from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["main"]
 
@@ -188,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["worker"]:
-        from worker.__main__ import main as worker_main
+        from lorafleet.worker.__main__ import main as worker_main
 
         return worker_main(argv[1:])
     if argv[:1] == ["frontend"]:
-        from frontend.__main__ import main as frontend_main
+        from lorafleet.frontend.__main__ import main as frontend_main
 
         return frontend_main(argv[1:])
     args = _parser().parse_args(argv)
@@ -202,10 +202,10 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "lora":
         return _lora(args)
     if args.command == "status":
-        from launch.status import print_status
+        from lorafleet.launch.status import print_status
 
         return print_status(args.etcd, args.namespace, args.frontend, as_json=args.json)
-    from launch.admin import list_models
+    from lorafleet.launch.admin import list_models
 
     return list_models(args.frontend, as_json=args.json)
 
@@ -231,8 +231,8 @@ def _namespace(state: ClusterState | None) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from discovery.logs import configure_logging
-    from launch.cluster import ClusterOptions, run_cluster
+    from lorafleet.discovery.logs import configure_logging
+    from lorafleet.launch.cluster import ClusterOptions, run_cluster
 
     configure_logging(process="lorafleet-up")
     options = ClusterOptions(
@@ -247,8 +247,8 @@ _SPELLING: Final = {"name": "a NAME", "uri": "a URI", "base_model": "--base-mode
 
 
 def _lora(args: argparse.Namespace) -> int:
-    from launch.admin import apply_adapter, delete_adapter, discover, lora_command
-    from launch.fleet_status import print_fleet
+    from lorafleet.launch.admin import apply_adapter, delete_adapter, discover, lora_command
+    from lorafleet.launch.fleet_status import print_fleet
 
     needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
              "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip

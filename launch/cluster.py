@@ -26,22 +26,22 @@ from typing import Final
 import httpx
 import msgspec
 
-from discovery.keys import DEFAULT_NAMESPACE
-from discovery.settings import EtcdSettings
-from launch.admin import instances
-from launch.cluster_state import ClusterState, remove_state, write_state
-from launch.errors import ClusterNotReadyError
-from launch.local_servers import LocalServer, free_port, start_etcd, start_nats
-from launch.ports import is_free, require_free
-from launch.processes import (
+from lorafleet.discovery.keys import DEFAULT_NAMESPACE
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.launch.admin import instances
+from lorafleet.launch.cluster_state import ClusterState, remove_state, write_state
+from lorafleet.launch.errors import ClusterNotReadyError
+from lorafleet.launch.local_servers import LocalServer, free_port, start_etcd, start_nats
+from lorafleet.launch.ports import is_free, require_free
+from lorafleet.launch.processes import (
     ServiceProcess,
     frontend_argv,
     spawn_service,
     stop_services,
     worker_argv,
 )
-from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
-from proto.adapters import LoadLoraRequest, LoraSource
+from lorafleet.launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
@@ -146,7 +146,7 @@ def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
         return options.model, dict(options.adapters or {})
     if options.engine == "mocker":  # needs no weights: skip the demo model and its adapters
         return options.served_model_name, dict(options.adapters or {})
-    from launch.demo_model import ensure_demo_model
+    from lorafleet.launch.demo_model import ensure_demo_model
 
     print("building the demo model (cached after the first time; about 15 s) ...", flush=True)
     started = time.monotonic()
@@ -186,7 +186,7 @@ def _start_etcd(options: ClusterOptions, data: Path) -> tuple[LocalServer, EtcdS
     if not options.secure:
         etcd = start_etcd(data / "servers", port=port)
         return etcd, EtcdSettings.from_endpoints(etcd.url), f"--endpoints {etcd.url}"
-    from launch.secure_etcd import start_secure_etcd
+    from lorafleet.launch.secure_etcd import start_secure_etcd
 
     secure = start_secure_etcd(data, data / "servers", port=port)
     return secure.server, secure.settings, secure.etcdctl_flags()

@@ -5,7 +5,7 @@ new passwords would lock the stack out of its own etcd. Remove the file together
 the volumes (``docker compose ... down --volumes``) to start over. Nothing here is
 ever checked in; ``.lorafleet/`` is in ``.gitignore``.
 
-    python -m launch.compose_secrets                  # .lorafleet/compose-secrets.env
+    python -m lorafleet.launch.compose_secrets                  # .lorafleet/compose-secrets.env
     docker compose -f compose.yaml -f compose.secure.yaml \\
         --env-file .lorafleet/compose-secrets.env up --build --wait
 """
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
-from launch.secure_nats import new_password
+from lorafleet.launch.secure_nats import new_password
 
 __all__ = ["COMPOSE_SECRETS", "DEFAULT_SECRETS_PATH", "write_compose_secrets"]
 

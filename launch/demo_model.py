@@ -1,6 +1,6 @@
 """Builds (once, deterministically, offline) the demo model: a tiny Llama and two LoRA adapters.
 
-Run ``python -m launch.demo_model [--out DIR] [--force]``; tests and ``make up``
+Run ``python -m lorafleet.launch.demo_model [--out DIR] [--force]``; tests and ``make up``
 call :func:`ensure_demo_model`. The result is cached under
 ``$LORAFLEET_HOME/demo`` and rebuilt only when missing or built by other code.
 """
@@ -22,8 +22,8 @@ from typing import Final
 
 import structlog
 
-from discovery.logs import configure_logging
-from launch._demo_corpus import ANSWERS
+from lorafleet.discovery.logs import configure_logging
+from lorafleet.launch._demo_corpus import ANSWERS
 
 __all__ = [
     "ADAPTER_NAMES",
@@ -124,7 +124,7 @@ def ensure_demo_model(root: Path | None = None) -> DemoModelPaths:
 
 def build_demo_model(out: Path) -> DemoModelPaths:
     """Build the demo model into ``out`` unconditionally (no cache check) and stamp it."""
-    from launch import _demo_build  # torch and transformers load only when building
+    from lorafleet.launch import _demo_build  # torch and transformers load only when building
 
     started = time.monotonic()
     log.info("demo_model.build.start", out=str(out))
@@ -139,7 +139,9 @@ def build_demo_model(out: Path) -> DemoModelPaths:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: ensure (or with ``--force`` rebuild) the demo model and print its paths."""
-    parser = argparse.ArgumentParser(prog="python -m launch.demo_model", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m lorafleet.launch.demo_model", description=__doc__
+    )
     parser.add_argument("--out", type=Path, default=None, help="directory (default: cache)")
     parser.add_argument("--force", action="store_true", help="rebuild even if current")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ The CLI prints each as one line and exits 1 (a traceback only with ``LOG_LEVEL=d
 
 from __future__ import annotations
 
-from proto.errors import ConflictError, UnavailableError
+from lorafleet.proto.errors import ConflictError, UnavailableError
 
 __all__ = ["ClusterNotReadyError", "PortInUseError"]
 

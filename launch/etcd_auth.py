@@ -11,11 +11,11 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from discovery.keys import KEYS_ROOT
-from launch.local_servers import find_binary
+from lorafleet.discovery.keys import KEYS_ROOT
+from lorafleet.launch.local_servers import find_binary
 
 if TYPE_CHECKING:  # cryptography stays out of the etcd-auth image, which only runs etcdctl
-    from launch.tls_files import TlsFiles
+    from lorafleet.launch.tls_files import TlsFiles
 
 __all__ = ["EtcdUser", "auth_enabled", "enable_etcd_auth"]
 

@@ -6,7 +6,7 @@ already on (asked as root), it changes nothing and succeeds: ``docker compose up
 every time. A root password that etcd does not know is one line and exit 1.
 
     ETCD_ENDPOINTS=http://etcd:2379 ETCD_ROOT_PASSWORD=... ETCD_AUTH_USERNAME=lorafleet \\
-        ETCD_AUTH_PASSWORD=... python -m launch.etcd_auth_job
+        ETCD_AUTH_PASSWORD=... python -m lorafleet.launch.etcd_auth_job
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Final
 
-from launch.etcd_auth import EtcdUser, auth_enabled, enable_etcd_auth
+from lorafleet.launch.etcd_auth import EtcdUser, auth_enabled, enable_etcd_auth
 
 __all__ = ["REQUIRED_VARIABLES", "main"]
 

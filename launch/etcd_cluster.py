@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from launch.local_servers import (
+from lorafleet.launch.local_servers import (
     START_TIMEOUT_S,
     LocalServer,
     etcd_member_args,
@@ -21,7 +21,7 @@ from launch.local_servers import (
     launch,
     wait_healthy,
 )
-from launch.tls_files import TlsFiles
+from lorafleet.launch.tls_files import TlsFiles
 
 __all__ = ["EtcdCluster", "start_etcd_cluster"]
 

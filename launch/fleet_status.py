@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from launch.table import print_table
+from lorafleet.launch.table import print_table
 
 __all__ = ["DEFAULT_APPLY_WAIT_S", "describe", "print_fleet", "settled_status"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from launch.tls_files import TlsFiles
+    from lorafleet.launch.tls_files import TlsFiles
 
 __all__ = [
     "EtcdMemberArgs",

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Final
 
-from launch.errors import PortInUseError
+from lorafleet.launch.errors import PortInUseError
 
 __all__ = ["holder", "is_free", "require_free"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Final
 
-from launch.local_servers import stop_process
+from lorafleet.launch.local_servers import stop_process
 
 __all__ = [
     "ServiceProcess",
@@ -111,10 +111,10 @@ class ServiceProcess:
 def worker_argv(
     *, port: int, model: str, engine: str | None = None, args: Iterable[str] = ()
 ) -> list[str]:
-    """``python -m worker`` serving ``model`` with its status server on 127.0.0.1:``port``."""
+    """``python -m lorafleet.worker`` serving ``model``, its status server on 127.0.0.1:``port``."""
     engine_args = [] if engine is None else ["--engine", engine]
     return [
-        sys.executable, "-m", "worker", *engine_args, "--model", model,
+        sys.executable, "-m", "lorafleet.worker", *engine_args, "--model", model,
         "--system-host", "127.0.0.1", "--system-port", str(port), *args,
     ]  # fmt: skip
 
@@ -122,9 +122,9 @@ def worker_argv(
 def frontend_argv(
     *, port: int, host: str | None = "127.0.0.1", args: Iterable[str] = ()
 ) -> list[str]:
-    """``python -m frontend`` with its HTTP API on ``host``:``port`` (None: its own default)."""
+    """``python -m lorafleet.frontend``, its HTTP API on ``host``:``port`` (None: its default)."""
     host_args = [] if host is None else ["--http-host", host]
-    return [sys.executable, "-m", "frontend", *host_args, "--http-port", str(port), *args]
+    return [sys.executable, "-m", "lorafleet.frontend", *host_args, "--http-port", str(port), *args]
 
 
 def spawn_service(

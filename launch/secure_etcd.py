@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from discovery.settings import EtcdSettings
-from launch.etcd_auth import EtcdUser, enable_etcd_auth
-from launch.local_servers import LocalServer, start_etcd
-from launch.tls_files import TlsFiles, make_tls_files
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.launch.etcd_auth import EtcdUser, enable_etcd_auth
+from lorafleet.launch.local_servers import LocalServer, start_etcd
+from lorafleet.launch.tls_files import TlsFiles, make_tls_files
 
 __all__ = ["SecureEtcd", "start_secure_etcd"]
 

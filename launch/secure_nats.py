@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from launch.local_servers import LocalServer, start_nats
+from lorafleet.launch.local_servers import LocalServer, start_nats
 
 __all__ = [
     "NATS_AUTH_CONF",

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import msgspec
 
-from discovery.settings import EtcdSettings
-from launch.admin import instances
-from launch.table import print_table
-from proto.adapters import ListLorasRequest, LoraListResponse
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.launch.admin import instances
+from lorafleet.launch.table import print_table
+from lorafleet.proto.adapters import ListLorasRequest, LoraListResponse
 
 __all__ = ["print_status"]
 

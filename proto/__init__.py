@@ -1,6 +1,6 @@
 """Every message that crosses a process boundary, as msgspec Structs; no I/O."""
 
-from proto.adapters import (
+from lorafleet.proto.adapters import (
     AdapterList,
     AdapterLoadError,
     AdapterSpec,
@@ -18,15 +18,15 @@ from proto.adapters import (
     validate_adapter_spec,
     validate_lora_name,
 )
-from proto.auth import (
+from lorafleet.proto.auth import (
     AUTHORIZATION_HEADER,
     bearer_header,
     bearer_token_accepted,
 )
-from proto.backoff import (
+from lorafleet.proto.backoff import (
     backoff_s,
 )
-from proto.discovery import (
+from lorafleet.proto.discovery import (
     Instance,
     LoraInfo,
     ModelDeploymentCard,
@@ -36,7 +36,7 @@ from proto.discovery import (
     decode_instance,
     encode_record,
 )
-from proto.errors import (
+from lorafleet.proto.errors import (
     HTTP_STATUS_BY_CODE,
     CapacityError,
     ConflictError,
@@ -53,13 +53,13 @@ from proto.errors import (
     error_from_info,
     http_status,
 )
-from proto.fleet_load import (
+from lorafleet.proto.fleet_load import (
     InstanceLoad,
     LoadFailure,
     decode_instance_load,
     encode_instance_load,
 )
-from proto.inference import (
+from lorafleet.proto.inference import (
     CancelRequest,
     ChatMessage,
     ErrorChunk,
@@ -81,7 +81,7 @@ from proto.inference import (
     encode_msg,
     join_tokens,
 )
-from proto.limits import (
+from lorafleet.proto.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_JSON_DEPTH,
@@ -94,12 +94,12 @@ from proto.limits import (
     check_json_depth,
     shorten,
 )
-from proto.naming import (
+from lorafleet.proto.naming import (
     LORA_ID_MASK,
     lora_id,
     lora_slug,
 )
-from proto.openai import (
+from lorafleet.proto.openai import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -125,7 +125,7 @@ from proto.openai import (
     StreamOptions,
     UsageInfo,
 )
-from proto.placement import (
+from lorafleet.proto.placement import (
     HELD_DEMAND_EPS,
     IN_USE_RPS,
     LOAD_BOUND_EPS,
@@ -136,7 +136,7 @@ from proto.placement import (
     rendezvous_order,
     wanted_copies,
 )
-from proto.uris import (
+from lorafleet.proto.uris import (
     is_scheme_name,
     public_uri,
     public_uris_in,
@@ -144,7 +144,7 @@ from proto.uris import (
     redact_uris_in,
     split_uri,
 )
-from proto.vllm_lora import (
+from lorafleet.proto.vllm_lora import (
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
     VllmErrorInfo,

@@ -13,9 +13,9 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from proto.errors import InvalidRequestError
-from proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
-from proto.uris import split_uri
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
+from lorafleet.proto.uris import split_uri
 
 __all__ = [
     "AdapterList",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from proto.errors import ErrorInfo
+from lorafleet.proto.errors import ErrorInfo
 
 __all__ = [
     "CancelRequest",

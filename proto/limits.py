@@ -14,7 +14,7 @@ import operator
 import re
 from typing import Final
 
-from proto.errors import InvalidRequestError
+from lorafleet.proto.errors import InvalidRequestError
 
 __all__ = [
     "INT64_MAX",

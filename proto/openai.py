@@ -14,8 +14,8 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from proto.adapters import AdapterLoadError, AdapterState
-from proto.limits import (
+from lorafleet.proto.adapters import AdapterLoadError, AdapterState
+from lorafleet.proto.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_LIST_ITEMS,

@@ -13,8 +13,8 @@ from typing import Final
 
 import msgspec
 
-from proto.adapters import LoraName, Uri
-from proto.errors import InvalidRequestError, http_status
+from lorafleet.proto.adapters import LoraName, Uri
+from lorafleet.proto.errors import InvalidRequestError, http_status
 
 __all__ = [
     "LoadLoraAdapterRequest",

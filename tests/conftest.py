@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from discovery.client import EtcdClient, connect_etcd
-from launch.local_servers import LocalServer, start_etcd, start_nats
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.launch.local_servers import LocalServer, start_etcd, start_nats
 from tests.containers import container_servers
 
 if TYPE_CHECKING:
-    from launch.demo_model import DemoModelPaths
+    from lorafleet.launch.demo_model import DemoModelPaths
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +74,9 @@ async def etcd(etcd_url: str) -> AsyncIterator[EtcdClient]:
 @pytest.fixture(scope="session")
 def demo(pytestconfig: pytest.Config) -> DemoModelPaths:
     """The demo model, built once into the repository's ignored ``.lorafleet/`` (then cached)."""
-    from launch.demo_model import ensure_demo_model  # torch loads only for tests that need it
+    from lorafleet.launch.demo_model import (
+        ensure_demo_model,  # torch loads only for tests that need it
+    )
 
     return ensure_demo_model(pytestconfig.rootpath / ".lorafleet" / "demo")
 
@@ -87,7 +89,7 @@ def namespace() -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Logs of in-process servers go to stderr, as in production."""
-    from discovery.logs import configure_logging
+    from lorafleet.discovery.logs import configure_logging
 
     configure_logging(process="tests", level="warning")
 

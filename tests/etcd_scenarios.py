@@ -15,11 +15,11 @@ from typing import Final
 import httpx
 import openai
 
-from discovery.client import EtcdClient, connect_etcd
-from discovery.errors import EtcdUnavailableError
-from discovery.keys import card_prefix, instance_prefix
-from launch.etcd_cluster import EtcdCluster, start_etcd_cluster
-from launch.local_servers import LocalServer
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.errors import EtcdUnavailableError
+from lorafleet.discovery.keys import card_prefix, instance_prefix
+from lorafleet.launch.etcd_cluster import EtcdCluster, start_etcd_cluster
+from lorafleet.launch.local_servers import LocalServer
 from tests.processes import ServiceProcess, start_frontend, start_worker
 from tests.worker.adapters import make_adapter_dir
 

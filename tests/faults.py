@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from launch.local_servers import free_port
+from lorafleet.launch.local_servers import free_port
 
 
 class TcpProxy:

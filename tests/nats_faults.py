@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from launch.local_servers import LocalServer
+from lorafleet.launch.local_servers import LocalServer
 from tests.processes import ServiceProcess, start_frontend, start_worker
 
 MODEL = "nats-demo"

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.local_servers import free_port
-from launch.processes import ServiceProcess, frontend_argv, spawn_service, worker_argv
+from lorafleet.launch.local_servers import free_port
+from lorafleet.launch.processes import ServiceProcess, frontend_argv, spawn_service, worker_argv
 
 __all__ = ["ServiceProcess", "frontend_start_failure", "start_frontend", "start_worker"]
 
@@ -28,7 +28,7 @@ def start_worker(
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> ServiceProcess:
-    """Start ``python -m worker`` on a free system port."""
+    """Start ``python -m lorafleet.worker`` on a free system port."""
     port = free_port()
     argv = worker_argv(port=port, model=model, args=("--namespace", namespace, *args))
     base_env = {"ETCD_ENDPOINTS": etcd_url, "NATS_SERVER": nats_url, "DYN_LEASE_TTL": "2"}
@@ -45,7 +45,7 @@ def start_frontend(
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> ServiceProcess:
-    """Start ``python -m frontend`` on a free HTTP port."""
+    """Start ``python -m lorafleet.frontend`` on a free HTTP port."""
     port = free_port()
     argv = frontend_argv(port=port, args=("--namespace", namespace, *args))
     base_env = {"ETCD_ENDPOINTS": etcd_url, "NATS_SERVER": nats_url}
@@ -53,10 +53,10 @@ def start_frontend(
 
 
 def frontend_start_failure(env: dict[str, str]) -> str:
-    """Run ``python -m frontend`` with ``env`` over the test's environment, expecting it to
-    fail at start-up: asserts exit 1 and no traceback, and returns its stderr."""
+    """Run ``python -m lorafleet.frontend`` with ``env`` over the test's environment, expecting
+    it to fail at start-up: asserts exit 1 and no traceback, and returns its stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "frontend", "--http-port", str(free_port())],
+        [sys.executable, "-m", "lorafleet.frontend", "--http-port", str(free_port())],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Final
 
-from launch.local_servers import LocalServer
+from lorafleet.launch.local_servers import LocalServer
 from tests.processes import ServiceProcess
 
 EXIT_MARGIN_S: Final = 5.0

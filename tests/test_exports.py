@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pytest
 
-PACKAGES = ["proto", "discovery", "worker", "frontend", "launch"]
-SHARED_LIBRARIES = ["proto", "discovery"]
+PACKAGES = [f"lorafleet.{name}" for name in ("proto", "discovery", "worker", "frontend", "launch")]
+SHARED_LIBRARIES = ["lorafleet.proto", "lorafleet.discovery"]
 
 
 def _submodules(package: str) -> list[str]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch.local_servers import free_port
+from lorafleet.launch.local_servers import free_port
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "torch_index.py"
 FALLBACK_BOUND_S = 30  # the probe waits 3 s at most; pip's own retries took minutes

@@ -1,4 +1,4 @@
-"""``python -m worker``: run one worker process."""
+"""``python -m lorafleet.worker``: run one worker process."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import sys
 
 import uvloop
 
-from discovery.logs import configure_logging
-from worker.config import parse_worker_args
-from worker.runtime import run_worker
+from lorafleet.discovery.logs import configure_logging
+from lorafleet.worker.config import parse_worker_args
+from lorafleet.worker.runtime import run_worker
 
 
 def main(argv: list[str] | None = None) -> int:

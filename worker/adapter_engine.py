@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from proto.discovery import ModelDeploymentCard
-from proto.errors import NotFoundError
-from worker.engine import EngineRoute, LLMEngine, ModelEndpoint
-from worker.lora_controller import AdapterSource, LoraController
+from lorafleet.proto.discovery import ModelDeploymentCard
+from lorafleet.proto.errors import NotFoundError
+from lorafleet.worker.engine import EngineRoute, LLMEngine, ModelEndpoint
+from lorafleet.worker.lora_controller import AdapterSource, LoraController
 
 __all__ = ["AdapterEngine"]
 

@@ -9,8 +9,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from discovery.cli_help import HelpFormatter, add_version
-from discovery.flags import (
+from lorafleet.discovery.cli_help import HelpFormatter, add_version
+from lorafleet.discovery.flags import (
     FlagSpec,
     add_connection_flags,
     add_env_options,
@@ -18,15 +18,15 @@ from discovery.flags import (
     env_flag,
     env_option,
 )
-from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
-from discovery.keys import DEFAULT_NAMESPACE
-from discovery.nats_settings import DEFAULT_NATS_SERVER
-from discovery.settings import EtcdSettings
-from discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
-from worker.engine import EngineConfig
-from worker.engines import ENGINE_KINDS
-from worker.lora_controller import IN_USE_S
-from worker.placement import PlacementPolicy
+from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from lorafleet.discovery.keys import DEFAULT_NAMESPACE
+from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines import ENGINE_KINDS
+from lorafleet.worker.lora_controller import IN_USE_S
+from lorafleet.worker.placement import PlacementPolicy
 
 __all__ = ["WorkerConfig", "parse_worker_args"]
 

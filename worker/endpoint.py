@@ -21,18 +21,18 @@ import nats.aio.client
 import nats.aio.msg
 import structlog
 
-from discovery.keys import base_card_key, lora_card_key, nats_subject
-from discovery.lease import LeaseKeeper
-from proto.auth import AUTHORIZATION_HEADER, bearer_token_accepted
-from proto.discovery import ModelDeploymentCard, encode_record
-from proto.errors import (
+from lorafleet.discovery.keys import base_card_key, lora_card_key, nats_subject
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.proto.auth import AUTHORIZATION_HEADER, bearer_token_accepted
+from lorafleet.proto.discovery import ModelDeploymentCard, encode_record
+from lorafleet.proto.errors import (
     ErrorInfo,
     InvalidRequestError,
     LorafleetError,
     UnauthorizedError,
     UnavailableError,
 )
-from proto.inference import (
+from lorafleet.proto.inference import (
     CancelRequest,
     ErrorChunk,
     FinalChunk,
@@ -45,10 +45,10 @@ from proto.inference import (
     encode_msg,
     join_tokens,
 )
-from worker import metrics
-from worker.engine import LLMEngine
-from worker.engine_registry import error_reply
-from worker.request_timing import RequestTiming
+from lorafleet.worker import metrics
+from lorafleet.worker.engine import LLMEngine
+from lorafleet.worker.engine_registry import error_reply
+from lorafleet.worker.request_timing import RequestTiming
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
 

@@ -17,9 +17,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
-from proto.discovery import ModelDeploymentCard, RuntimeConfig
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk
-from proto.naming import lora_slug
+from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.proto.naming import lora_slug
 
 __all__ = [
     "AdapterBackend",

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from proto.errors import (
+from lorafleet.proto.errors import (
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
@@ -23,8 +23,8 @@ from proto.errors import (
     error_body,
     http_status,
 )
-from proto.inference import UpdateReply
-from worker.engine import EngineRoute, LLMEngine
+from lorafleet.proto.inference import UpdateReply
+from lorafleet.worker.engine import EngineRoute, LLMEngine
 
 __all__ = ["EngineRegistry", "error_reply"]
 

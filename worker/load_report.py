@@ -16,10 +16,10 @@ from typing import Final, TypeAlias
 
 import structlog
 
-from discovery.lease import LeaseKeeper
-from proto.errors import LorafleetError
-from proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
-from worker.lora_controller import LoraController
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
+from lorafleet.worker.lora_controller import LoraController
 
 __all__ = ["FailureSource", "LoadReport"]
 

@@ -16,11 +16,11 @@ from typing import Final
 
 import structlog
 
-from proto.backoff import backoff_s
-from proto.errors import LorafleetError
-from proto.fleet_load import LoadFailure
-from proto.limits import shorten
-from proto.uris import redact_uri, redact_uris_in
+from lorafleet.proto.backoff import backoff_s
+from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.fleet_load import LoadFailure
+from lorafleet.proto.limits import shorten
+from lorafleet.proto.uris import redact_uri, redact_uris_in
 
 __all__ = ["LoadRetries"]
 

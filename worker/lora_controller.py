@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol, TypeAlias
 import msgspec
 import structlog
 
-from proto.adapters import (
+from lorafleet.proto.adapters import (
     ListLorasRequest,
     LoadLoraRequest,
     LoraListResponse,
@@ -36,22 +36,22 @@ from proto.adapters import (
     UnloadLoraRequest,
     validate_lora_name,
 )
-from proto.discovery import LoraInfo, ModelDeploymentCard
-from proto.errors import (
+from lorafleet.proto.discovery import LoraInfo, ModelDeploymentCard
+from lorafleet.proto.errors import (
     CapacityError,
     ConflictError,
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
 )
-from proto.limits import shorten
-from proto.naming import lora_id, lora_slug
-from proto.placement import IN_USE_RPS
-from proto.uris import split_uri
-from worker import metrics
-from worker.demand import DemandMeter
-from worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
-from worker.lora import redact_uri
+from lorafleet.proto.limits import shorten
+from lorafleet.proto.naming import lora_id, lora_slug
+from lorafleet.proto.placement import IN_USE_RPS
+from lorafleet.proto.uris import split_uri
+from lorafleet.worker import metrics
+from lorafleet.worker.demand import DemandMeter
+from lorafleet.worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
+from lorafleet.worker.lora import redact_uri
 
 __all__ = ["AdapterSource", "ChangeListener", "FleetDemand", "LoadedAdapter", "LoraController"]
 

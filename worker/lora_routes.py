@@ -17,12 +17,12 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.handlers import BaseRouteHandler
 
-from proto.inference import UpdateReply
-from worker.adapter_engine import AdapterEngine
-from worker.config import WorkerConfig
-from worker.engine import LLMEngine
-from worker.status_server import StatusState, admitted_body, reply_response
-from worker.vllm_lora_routes import load_lora_adapter, unload_lora_adapter
+from lorafleet.proto.inference import UpdateReply
+from lorafleet.worker.adapter_engine import AdapterEngine
+from lorafleet.worker.config import WorkerConfig
+from lorafleet.worker.engine import LLMEngine
+from lorafleet.worker.status_server import StatusState, admitted_body, reply_response
+from lorafleet.worker.vllm_lora_routes import load_lora_adapter, unload_lora_adapter
 
 __all__ = ["LORA_PATHS", "lora_missing", "lora_routes"]
 

@@ -24,26 +24,26 @@ from typing import Final
 
 import structlog
 
-from discovery.client import EtcdClient
-from discovery.keys import adapters_prefix, card_prefix, load_prefix, parse_card_key
-from discovery.lease import LeaseKeeper
-from discovery.watch_cache import WatchCache
-from proto.adapters import (
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import adapters_prefix, card_prefix, load_prefix, parse_card_key
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.proto.adapters import (
     AdapterSpec,
     LoadLoraRequest,
     UnloadLoraRequest,
     decode_adapter_spec,
     replica_bounds,
 )
-from proto.discovery import ModelDeploymentCard, decode_card
-from proto.errors import CapacityError, LorafleetError, UnavailableError
-from proto.fleet_load import InstanceLoad, decode_instance_load
-from proto.placement import RendezvousCache, chosen_instances, plan_copies
-from worker.copy_targets import CopyTargets
-from worker.demand import DemandMeter
-from worker.load_report import LoadReport
-from worker.load_retries import LoadRetries
-from worker.lora_controller import IN_USE_S, LoraController
+from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
+from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
+from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
+from lorafleet.proto.placement import RendezvousCache, chosen_instances, plan_copies
+from lorafleet.worker.copy_targets import CopyTargets
+from lorafleet.worker.demand import DemandMeter
+from lorafleet.worker.load_report import LoadReport
+from lorafleet.worker.load_retries import LoadRetries
+from lorafleet.worker.lora_controller import IN_USE_S, LoraController
 
 __all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 

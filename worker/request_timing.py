@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from proto.inference import FinalChunk
-from worker import metrics
+from lorafleet.proto.inference import FinalChunk
+from lorafleet.worker import metrics
 
 __all__ = ["RequestTiming"]
 

@@ -25,23 +25,23 @@ from typing import Final
 
 import structlog
 
-from discovery.client import EtcdClient
-from discovery.connect import wait_for_etcd, wait_for_nats
-from discovery.keys import instance_key, load_key
-from discovery.lease import LeaseKeeper
-from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
-from discovery.nats_settings import NatsSettings
-from discovery.startup import unless_stopped
-from proto.discovery import Instance, encode_record
-from worker.adapter_engine import AdapterEngine
-from worker.config import WorkerConfig
-from worker.endpoint import Endpoint, EndpointAddress
-from worker.engine import LLMEngine
-from worker.engine_registry import EngineRegistry
-from worker.engines import create_engine
-from worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
-from worker.placement import Placement, PlacementSettings
-from worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.connect import wait_for_etcd, wait_for_nats
+from lorafleet.discovery.keys import instance_key, load_key
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.discovery.startup import unless_stopped
+from lorafleet.proto.discovery import Instance, encode_record
+from lorafleet.worker.adapter_engine import AdapterEngine
+from lorafleet.worker.config import WorkerConfig
+from lorafleet.worker.endpoint import Endpoint, EndpointAddress
+from lorafleet.worker.engine import LLMEngine
+from lorafleet.worker.engine_registry import EngineRegistry
+from lorafleet.worker.engines import create_engine
+from lorafleet.worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
+from lorafleet.worker.placement import Placement, PlacementSettings
+from lorafleet.worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
 
@@ -154,7 +154,7 @@ class WorkerRuntime:
             reason = "LoRA management not available: " + "; ".join(missing)
             self.registry.explain_missing(LORA_PATHS, reason)
             return
-        from worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
+        from lorafleet.worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
 
         manager = LoRAManager.from_env()
         stack.push_async_callback(manager.aclose)

@@ -24,10 +24,10 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
-from discovery.nats_connection import NatsConnection
-from proto.auth import bearer_token_accepted
-from proto.errors import (
+from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
+from lorafleet.discovery.nats_connection import NatsConnection
+from lorafleet.proto.auth import bearer_token_accepted
+from lorafleet.proto.errors import (
     ErrorInfo,
     InvalidRequestError,
     ShuttingDownError,
@@ -35,9 +35,9 @@ from proto.errors import (
     error_body,
     http_status,
 )
-from proto.inference import UpdateReply
-from proto.limits import check_json_depth, shorten
-from worker.engine_registry import EngineRegistry, error_reply
+from lorafleet.proto.inference import UpdateReply
+from lorafleet.proto.limits import check_json_depth, shorten
+from lorafleet.worker.engine_registry import EngineRegistry, error_reply
 
 __all__ = [
     "MAX_BODY_BYTES",

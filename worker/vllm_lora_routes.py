@@ -15,9 +15,9 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.enums import MediaType
 
-from proto.errors import InvalidRequestError, UnauthorizedError
-from proto.inference import UpdateReply
-from proto.vllm_lora import (
+from lorafleet.proto.errors import InvalidRequestError, UnauthorizedError
+from lorafleet.proto.inference import UpdateReply
+from lorafleet.proto.vllm_lora import (
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
     VllmErrorResponse,
@@ -30,7 +30,7 @@ from proto.vllm_lora import (
     vllm_not_found,
     vllm_success_message,
 )
-from worker.status_server import StatusState, read_json_object
+from lorafleet.worker.status_server import StatusState, read_json_object
 
 __all__ = ["load_lora_adapter", "unload_lora_adapter"]
 

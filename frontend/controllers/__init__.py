@@ -2,12 +2,12 @@
 
 from typing import Final
 
-from frontend.controllers.adapters import AdaptersController
-from frontend.controllers.chat import ChatCompletionsController
-from frontend.controllers.completions import CompletionsController
-from frontend.controllers.models import ModelsController
-from frontend.controllers.system import SystemController
-from frontend.controllers.vllm_lora import VllmLoraController
+from lorafleet.frontend.controllers.adapters import AdaptersController
+from lorafleet.frontend.controllers.chat import ChatCompletionsController
+from lorafleet.frontend.controllers.completions import CompletionsController
+from lorafleet.frontend.controllers.models import ModelsController
+from lorafleet.frontend.controllers.system import SystemController
+from lorafleet.frontend.controllers.vllm_lora import VllmLoraController
 
 __all__ = [
     "AdaptersController",

@@ -13,11 +13,11 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
-from frontend.controllers._responses import GENERATE_ERRORS
-from frontend.exchange import SseAnswer
-from frontend.generate_routes import GenerateRoute
-from frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
-from frontend.services import Services
+from lorafleet.frontend.controllers._responses import GENERATE_ERRORS
+from lorafleet.frontend.exchange import SseAnswer
+from lorafleet.frontend.generate_routes import GenerateRoute
+from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
+from lorafleet.frontend.services import Services
 
 __all__ = ["generate_controller"]
 

@@ -6,7 +6,7 @@ from typing import Final
 
 from litestar.openapi.datastructures import ResponseSpec
 
-from proto.openai import OpenAIErrorResponse
+from lorafleet.proto.openai import OpenAIErrorResponse
 
 __all__ = ["GENERATE_ERRORS", "MODEL_ERRORS"]
 

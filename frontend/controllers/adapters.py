@@ -15,15 +15,15 @@ from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
-from frontend.admin_auth import admin_post, require_admin_token
-from frontend.desired_state import DesiredState
-from frontend.errors import MAX_NAMES_IN_MESSAGE
-from frontend.registry import ModelRegistry
-from frontend.services import Services
-from proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
-from proto.errors import ConflictError, NotFoundError
-from proto.limits import shorten
-from proto.openai import OpenAIErrorResponse
+from lorafleet.frontend.admin_auth import admin_post, require_admin_token
+from lorafleet.frontend.desired_state import DesiredState
+from lorafleet.frontend.errors import MAX_NAMES_IN_MESSAGE
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.services import Services
+from lorafleet.proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
+from lorafleet.proto.errors import ConflictError, NotFoundError
+from lorafleet.proto.limits import shorten
+from lorafleet.proto.openai import OpenAIErrorResponse
 
 __all__ = ["AdaptersController"]
 

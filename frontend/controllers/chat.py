@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from frontend.controllers._generate import generate_controller
-from frontend.generate_routes import CHAT_ROUTE
-from proto.openai import ChatCompletionResponse
+from lorafleet.frontend.controllers._generate import generate_controller
+from lorafleet.frontend.generate_routes import CHAT_ROUTE
+from lorafleet.proto.openai import ChatCompletionResponse
 
 __all__ = ["ChatCompletionsController"]
 

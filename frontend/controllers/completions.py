@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from frontend.controllers._generate import generate_controller
-from frontend.generate_routes import COMPLETIONS_ROUTE
-from proto.openai import CompletionResponse
+from lorafleet.frontend.controllers._generate import generate_controller
+from lorafleet.frontend.generate_routes import COMPLETIONS_ROUTE
+from lorafleet.proto.openai import CompletionResponse
 
 __all__ = ["CompletionsController"]
 

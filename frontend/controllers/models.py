@@ -18,13 +18,13 @@ from litestar import Controller, MediaType, Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from frontend.adapter_states import AdapterStates
-from frontend.controllers._responses import MODEL_ERRORS
-from frontend.registry import ServedModel
-from frontend.resolver import ColdAdapter
-from frontend.services import Services
-from proto.openai import ModelList, ModelObject, ModelStatus
-from proto.uris import public_uri
+from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.controllers._responses import MODEL_ERRORS
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.resolver import ColdAdapter
+from lorafleet.frontend.services import Services
+from lorafleet.proto.openai import ModelList, ModelObject, ModelStatus
+from lorafleet.proto.uris import public_uri
 
 __all__ = ["ModelsController", "cold_model_object", "model_object"]
 

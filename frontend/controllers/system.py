@@ -5,9 +5,9 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 
-from frontend.metrics import METRICS_CONTENT_TYPE
-from frontend.services import Services
-from proto.openai import FrontendHealth
+from lorafleet.frontend.metrics import METRICS_CONTENT_TYPE
+from lorafleet.frontend.services import Services
+from lorafleet.proto.openai import FrontendHealth
 
 __all__ = ["SystemController"]
 

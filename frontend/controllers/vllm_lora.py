@@ -17,13 +17,13 @@ from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
-from frontend.admin_auth import admin_post
-from frontend.controllers.adapters import WRITE_ERRORS
-from frontend.registry import ModelRegistry
-from frontend.services import Services
-from proto.adapters import AdapterSpec, LoraSource, validate_adapter_spec
-from proto.errors import InvalidRequestError, LorafleetError
-from proto.vllm_lora import (
+from lorafleet.frontend.admin_auth import admin_post
+from lorafleet.frontend.controllers.adapters import WRITE_ERRORS
+from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.services import Services
+from lorafleet.proto.adapters import AdapterSpec, LoraSource, validate_adapter_spec
+from lorafleet.proto.errors import InvalidRequestError, LorafleetError
+from lorafleet.proto.vllm_lora import (
     LoadLoraAdapterRequest,
     UnloadLoraAdapterRequest,
     VllmErrorResponse,

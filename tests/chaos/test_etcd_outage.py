@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.local_servers import LocalServer
+from lorafleet.launch.local_servers import LocalServer
 from tests.etcd_scenarios import etcd_outage
 
 

@@ -16,7 +16,7 @@ from compose_cli import ADMIN_TOKEN, COMPOSE_FILE, REPO, compose, resolved
 PROFILES: Final = ["gpu", "mocker", "monitoring"]
 MONITORING: Final = REPO / "deploy" / "monitoring"
 PROMTOOL_IN_REPO: Final = REPO / ".lorafleet" / "tools" / "usr" / "bin" / "promtool"
-PORT_BY_COMMAND: Final = {"worker": 8081, "frontend": 8000}
+PORT_BY_COMMAND: Final = {"lorafleet.worker": 8081, "lorafleet.frontend": 8000}
 """Where each lorafleet process serves /metrics inside its container."""
 DEFAULT_SERVICES: Final = {"adapters", "etcd", "frontend", "nats", "worker"}
 

@@ -13,7 +13,11 @@ import pytest
 import yaml
 from compose_cli import REPO, SECURE_FILE, compose, resolved
 
-from launch.compose_secrets import COMPOSE_SECRETS, DEFAULT_SECRETS_PATH, write_compose_secrets
+from lorafleet.launch.compose_secrets import (
+    COMPOSE_SECRETS,
+    DEFAULT_SECRETS_PATH,
+    write_compose_secrets,
+)
 
 PROFILES: Final = [None, "gpu", "mocker"]
 NATS_USER_BY_SERVICE: Final = {

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from discovery.client import EtcdClient, connect_etcd
-from discovery.errors import EtcdUnavailableError
-from discovery.lease import LeaseKeeper
-from discovery.settings import EtcdSettings, parse_endpoints
-from launch.etcd_cluster import start_etcd_cluster
-from launch.local_servers import free_port
-from launch.tls_files import make_tls_files
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.errors import EtcdUnavailableError
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.settings import EtcdSettings, parse_endpoints
+from lorafleet.launch.etcd_cluster import start_etcd_cluster
+from lorafleet.launch.local_servers import free_port
+from lorafleet.launch.tls_files import make_tls_files
 from tests.etcd_scenarios import leader_kills_under_load
 from tests.faults import TcpProxy
 

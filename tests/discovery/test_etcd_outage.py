@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.local_servers import LocalServer
+from lorafleet.launch.local_servers import LocalServer
 from tests.etcd_scenarios import etcd_outage
 
 pytestmark = pytest.mark.slow

@@ -15,13 +15,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from discovery.client import EtcdClient, connect_etcd
-from discovery.errors import EtcdRefusedError, EtcdUnavailableError
-from discovery.lease import LeaseKeeper
-from discovery.settings import EtcdSettings
-from launch.etcd_auth import EtcdUser, enable_etcd_auth
-from launch.local_servers import LocalServer, start_etcd
-from launch.tls_files import TlsFiles, make_tls_files
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.errors import EtcdRefusedError, EtcdUnavailableError
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.launch.etcd_auth import EtcdUser, enable_etcd_auth
+from lorafleet.launch.local_servers import LocalServer, start_etcd
+from lorafleet.launch.tls_files import TlsFiles, make_tls_files
 from tests.etcd_scenarios import ADAPTER, MODEL, start_fleet
 from tests.processes import frontend_start_failure
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.__main__ import build_parser, config_from_args
-from worker.config import parse_worker_args
+from lorafleet.frontend.__main__ import build_parser, config_from_args
+from lorafleet.worker.config import parse_worker_args
 
 
 def test_the_environment_sets_a_flag_and_the_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:

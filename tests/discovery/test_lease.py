@@ -13,10 +13,10 @@ import textwrap
 import pytest
 import structlog
 
-from discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
-from discovery.errors import EtcdUnavailableError
-from discovery.lease import LeaseKeeper, LeaseState
-from launch.local_servers import LocalServer
+from lorafleet.discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
+from lorafleet.discovery.errors import EtcdUnavailableError
+from lorafleet.discovery.lease import LeaseKeeper, LeaseState
+from lorafleet.launch.local_servers import LocalServer
 from tests.faults import TcpProxy
 
 TTL_S = 2
@@ -32,10 +32,10 @@ async def test_records_of_a_killed_process_vanish_within_ttl(etcd_url, etcd, nam
     key = f"v1/instances/{namespace}/backend/generate/1"
     owner = textwrap.dedent(f"""
         import asyncio, sys
-        from discovery.logs import configure_logging
+        from lorafleet.discovery.logs import configure_logging
         configure_logging(process="owner")
-        from discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
-        from discovery.lease import LeaseKeeper
+        from lorafleet.discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
+        from lorafleet.discovery.lease import LeaseKeeper
         async def main():
             etcd = await connect_etcd({etcd_url!r})
             keeper = await LeaseKeeper.grant(etcd, {TTL_S})

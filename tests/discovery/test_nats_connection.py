@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from discovery.errors import NatsAuthError, NatsConnectError
-from discovery.nats_connection import NatsConnection, NatsState
-from discovery.nats_settings import NatsSettings
-from launch.local_servers import LocalServer, free_port, start_nats
-from launch.tls_files import TlsFiles, make_tls_files
+from lorafleet.discovery.errors import NatsAuthError, NatsConnectError
+from lorafleet.discovery.nats_connection import NatsConnection, NatsState
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.launch.local_servers import LocalServer, free_port, start_nats
+from lorafleet.launch.tls_files import TlsFiles, make_tls_files
 
 WAIT_S = 20.0
 

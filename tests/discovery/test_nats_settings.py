@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from discovery.errors import NatsSettingsError
-from discovery.nats_settings import NatsSettings, parse_nats_servers
+from lorafleet.discovery.errors import NatsSettingsError
+from lorafleet.discovery.nats_settings import NatsSettings, parse_nats_servers
 
 
 def test_a_comma_separated_list_becomes_every_server() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from discovery.settings import EtcdSettings, parse_endpoints
+from lorafleet.discovery.settings import EtcdSettings, parse_endpoints
 
 
 def test_endpoint_lists_are_split_and_normalised() -> None:

@@ -9,10 +9,10 @@ from typing import ClassVar
 import pytest
 import structlog
 
-from discovery.client import connect_etcd
-from discovery.startup import ConnectTimeoutError, connect_with_retry, unless_stopped
-from launch.local_servers import free_port, start_etcd
-from proto.errors import UnavailableError
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.startup import ConnectTimeoutError, connect_with_retry, unless_stopped
+from lorafleet.launch.local_servers import free_port, start_etcd
+from lorafleet.proto.errors import UnavailableError
 
 
 class _Refused(UnavailableError):

@@ -7,9 +7,9 @@ import random
 
 import structlog
 
-from discovery.client import connect_etcd
-from discovery.watch_cache import WatchCache
-from launch.local_servers import LocalServer
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.launch.local_servers import LocalServer
 from tests.faults import TcpProxy
 
 SEED = 20261130

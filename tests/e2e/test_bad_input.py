@@ -4,8 +4,8 @@ Each row of ``CASES`` is one mistake an operator or a client can make: a body
 too deep, an integer msgpack cannot carry, a prompt NATS cannot carry, a URI
 of 900 KB, a wrong method, a field out of its documented bound. Each must be
 answered with the stated 4xx and a message that names the problem, never a
-5xx, and never by echoing a long input whole. Real ``python -m frontend`` and
-``python -m worker`` (mocker engine, LoRA on) processes, real etcd and NATS.
+5xx, and never by echoing a long input whole. Real ``python -m lorafleet.frontend`` and
+``python -m lorafleet.worker`` (mocker engine, LoRA on) processes, real etcd and NATS.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from proto.limits import MAX_JSON_DEPTH
+from lorafleet.proto.limits import MAX_JSON_DEPTH
 from tests.processes import ServiceProcess, start_frontend, start_worker
 
 pytestmark = pytest.mark.slow

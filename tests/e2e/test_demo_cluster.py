@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from launch.demo_model import EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.launch.demo_model import EXPECTED, EXPECTED_PROMPT, DemoModelPaths
 from tests.etcdctl_output import json_values
 from tests.processes import ServiceProcess, start_frontend, start_worker
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.local_servers import start_nats, start_nats_cluster
+from lorafleet.launch.local_servers import start_nats, start_nats_cluster
 from tests.nats_faults import (
     FAIL_FAST_S,
     RECOVERY_S,

@@ -15,12 +15,12 @@ import pytest
 import uvicorn
 from litestar import Litestar
 
-from discovery.client import EtcdClient
-from discovery.settings import EtcdSettings
-from frontend.app import create_app
-from frontend.config import FrontendConfig
-from frontend.dispatcher import DispatchSettings
-from launch.local_servers import free_port
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.app import create_app
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.launch.local_servers import free_port
 from tests.frontend.stand_in import StandInWorker
 from tests.processes import ServiceProcess, start_worker
 

@@ -1,7 +1,7 @@
 """A test-only stand-in worker: the real endpoint and engine registry, a scripted engine.
 
 It serves its subject with ``worker.endpoint.Endpoint`` and answers updates
-through ``worker.engine_registry.EngineRegistry``, as ``python -m worker`` does,
+through ``worker.engine_registry.EngineRegistry``, as ``python -m lorafleet.worker`` does,
 so it cannot drift from the worker protocol; only the engine is scripted: it
 answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
 paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
@@ -29,17 +29,17 @@ import msgspec
 import nats
 from nats.aio.msg import Msg
 
-from discovery.client import EtcdClient
-from discovery.keys import instance_key
-from discovery.lease import LeaseKeeper
-from proto.adapters import LoadLoraRequest, LoraResponse
-from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
-from proto.errors import CapacityError, ErrorInfo, UnavailableError, error_from_info
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk, UpdateReply, Usage
-from proto.naming import lora_id, lora_slug
-from worker.endpoint import Endpoint, EndpointAddress
-from worker.engine import EngineConfig, EngineRoute, LLMEngine, ModelEndpoint
-from worker.engine_registry import EngineRegistry, error_reply
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import instance_key
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.proto.adapters import LoadLoraRequest, LoraResponse
+from lorafleet.proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
+from lorafleet.proto.errors import CapacityError, ErrorInfo, UnavailableError, error_from_info
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk, UpdateReply, Usage
+from lorafleet.proto.naming import lora_id, lora_slug
+from lorafleet.worker.endpoint import Endpoint, EndpointAddress
+from lorafleet.worker.engine import EngineConfig, EngineRoute, LLMEngine, ModelEndpoint
+from lorafleet.worker.engine_registry import EngineRegistry, error_reply
 
 COMPONENT = "backend"
 ENDPOINT = "generate"

@@ -1,6 +1,6 @@
 """Adapter states, failed adapters, least-loaded on-demand loads and the wait queue.
 
-Real mocker workers (``python -m worker``) load and fail; the frontend runs in the
+Real mocker workers (``python -m lorafleet.worker``) load and fail; the frontend runs in the
 test's event loop on a real port. Where a test needs a worker's load record
 (``v1/load/...``) that a worker does not publish by itself yet, the test writes it
 through the real etcd and says so: a stand-in for the worker's publication.
@@ -19,13 +19,13 @@ import httpx
 import openai
 import pytest
 
-from discovery.keys import load_key
-from discovery.settings import EtcdSettings
-from frontend.__main__ import build_parser, config_from_args
-from frontend.config import FrontendConfig
-from launch.cli import main as lorafleet
-from proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
-from proto.placement import rendezvous_order
+from lorafleet.discovery.keys import load_key
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.__main__ import build_parser, config_from_args
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.cli import main as lorafleet
+from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
+from lorafleet.proto.placement import rendezvous_order
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import COMPONENT, ENDPOINT, StandInWorker
 from tests.frontend.test_on_demand import (

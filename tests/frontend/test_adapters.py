@@ -13,12 +13,12 @@ import json
 import msgspec
 import pytest
 
-from discovery.keys import adapter_key
-from discovery.settings import EtcdSettings
-from frontend.config import FrontendConfig
-from launch.cli import main as lorafleet
-from proto.adapters import AdapterSpec, LoraSource
-from proto.naming import lora_slug
+from lorafleet.discovery.keys import adapter_key
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.cli import main as lorafleet
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.naming import lora_slug
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 

@@ -13,10 +13,10 @@ import json
 import httpx
 import pytest
 
-from discovery.settings import EtcdSettings
-from frontend.config import FrontendConfig
-from launch.local_servers import free_port, start_nats
-from proto.errors import ErrorInfo
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.local_servers import free_port, start_nats
+from lorafleet.proto.errors import ErrorInfo
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import Behaviour, StandInWorker
 from tests.processes import frontend_start_failure

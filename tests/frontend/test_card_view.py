@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.card_view import CardView, decode_card_view
-from frontend.controllers.models import model_object
-from frontend.registry import ServedModel
-from proto.discovery import (
+from lorafleet.frontend.card_view import CardView, decode_card_view
+from lorafleet.frontend.controllers.models import model_object
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.proto.discovery import (
     Instance,
     LoraInfo,
     ModelDeploymentCard,

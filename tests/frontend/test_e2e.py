@@ -1,5 +1,5 @@
-"""End to end: the official ``openai`` client against ``python -m frontend`` and real
-``python -m worker`` mocker processes on real etcd and NATS.
+"""End to end: the official ``openai`` client against ``python -m lorafleet.frontend`` and real
+``python -m lorafleet.worker`` mocker processes on real etcd and NATS.
 
 One frontend and two ``demo`` workers (one with the ``pirate`` adapter) serve the
 whole module; tests that start or kill workers use their own model names.

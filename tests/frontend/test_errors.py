@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frontend.errors import MAX_NAMES_IN_MESSAGE, ModelNotFoundError
+from lorafleet.frontend.errors import MAX_NAMES_IN_MESSAGE, ModelNotFoundError
 
 
 def test_not_found_names_the_first_models_and_counts_the_rest_from_a_given_total() -> None:

@@ -5,10 +5,10 @@ The records are written by the test (what workers publish under their leases).
 
 from __future__ import annotations
 
-from discovery.keys import load_key
-from frontend.fleet_loads import FleetLoads
-from frontend.on_demand import least_loaded_first
-from proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
+from lorafleet.discovery.keys import load_key
+from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.on_demand import least_loaded_first
+from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
 
 FULL, SILENT, BUSY, IDLE = 0xA1, 0xB2, 0xC3, 0xD4
 

@@ -1,11 +1,11 @@
-"""``python -m frontend`` as operators run it: signals, start-up waits, stuck clients."""
+"""``python -m lorafleet.frontend`` as operators run it: signals, start-up waits, stuck clients."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 
-from launch.local_servers import free_port
+from lorafleet.launch.local_servers import free_port
 from tests.processes import ServiceProcess, start_frontend
 from tests.stuck_clients import (
     EXIT_MARGIN_S,

@@ -1,6 +1,6 @@
 """Stream migration end to end: a stream whose worker dies mid-answer continues on another.
 
-Real ``python -m frontend`` and ``python -m worker`` mocker processes on real
+Real ``python -m lorafleet.frontend`` and ``python -m lorafleet.worker`` mocker processes on real
 etcd and NATS, the official ``openai`` client (no retries). The mocker's tokens
 are numbered (``mig:0 mig:1 ...``), so a stream that skipped, repeated or
 restarted a token would show in its text.

@@ -1,6 +1,6 @@
 """Stream migration on the hf demo model: a migrated greedy answer is the unmigrated one, exactly.
 
-A real ``python -m frontend`` and a real hf worker on the demo model serve the
+A real ``python -m lorafleet.frontend`` and a real hf worker on the demo model serve the
 answers. The victim is a stand-in (``DyingRelay``): a real hf worker cannot be
 killed between two of its tokens here, since the demo model answers in about
 10 ms. The relay forwards the request to the real worker, passes its first
@@ -23,16 +23,16 @@ import msgspec
 import openai
 import pytest
 
-from discovery.client import EtcdClient
-from discovery.nats_connection import NatsConnection
-from discovery.nats_settings import NatsSettings
-from frontend.request_plane import RequestPlane
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.discovery import decode_instance
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk, decode_chunk
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.nats_connection import NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.discovery import decode_instance
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk, decode_chunk
+from lorafleet.worker.engine import EngineConfig
 from tests.frontend.stand_in import ScriptedEngine, StandInWorker
 from tests.processes import ServiceProcess, start_frontend, start_worker
-from worker.engine import EngineConfig
 
 pytestmark = pytest.mark.slow
 

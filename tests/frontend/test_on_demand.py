@@ -1,4 +1,4 @@
-"""On-demand loading and affinity with real mocker workers (``python -m worker``).
+"""On-demand loading and affinity with real mocker workers (``python -m lorafleet.worker``).
 
 The frontend runs in the test's event loop on a real port; workers are real
 processes with LoRA management on. Loads are counted where they happen, at
@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from discovery.settings import EtcdSettings
-from frontend.config import FrontendConfig
-from proto.discovery import decode_card
-from proto.placement import rendezvous_order
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.proto.discovery import decode_card
+from lorafleet.proto.placement import rendezvous_order
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 from tests.processes import ServiceProcess

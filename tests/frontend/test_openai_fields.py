@@ -1,6 +1,6 @@
 """OpenAI fields are served or refused, never dropped; request ids, access log, /docs, metrics.
 
-A real ``python -m frontend`` and a real hf worker on the demo model serve the whole
+A real ``python -m lorafleet.frontend`` and a real hf worker on the demo model serve the whole
 module, asked through the official ``openai`` client (``max_retries=0``). Both log
 JSON so that the tests can read the lines about one request.
 """
@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED_PROMPT, DemoModelPaths
 from tests.processes import ServiceProcess, start_frontend, start_worker
 
 pytestmark = pytest.mark.slow

@@ -7,11 +7,11 @@ import random
 
 import msgspec
 
-from discovery.keys import base_card_key, instance_key, lora_card_key
-from frontend.card_view import CardView
-from frontend.registry import ModelRegistry, ServedModel, build_index
-from proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
-from proto.naming import lora_id, lora_slug
+from lorafleet.discovery.keys import base_card_key, instance_key, lora_card_key
+from lorafleet.frontend.card_view import CardView
+from lorafleet.frontend.registry import ModelRegistry, ServedModel, build_index
+from lorafleet.proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
+from lorafleet.proto.naming import lora_id, lora_slug
 
 NS = "ns"
 

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
-from discovery.nats_connection import NatsConnection
-from discovery.nats_settings import NatsSettings
-from frontend.dispatcher import DispatchSettings
-from frontend.errors import InstanceLostError
-from frontend.request_plane import RequestPlane, is_no_responders
-from proto.inference import (
+from lorafleet.discovery.nats_connection import NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.frontend.errors import InstanceLostError
+from lorafleet.frontend.request_plane import RequestPlane, is_no_responders
+from lorafleet.proto.inference import (
     CancelRequest,
     GenerateRequest,
     PingRequest,

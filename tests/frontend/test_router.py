@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from frontend.router import LeastInflightRouter, RoundRobinRouter, make_router
-from proto.discovery import Instance
+from lorafleet.frontend.router import LeastInflightRouter, RoundRobinRouter, make_router
+from lorafleet.proto.discovery import Instance
 from tests.hand_clock import HandClock
 
 

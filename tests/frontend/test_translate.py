@@ -7,12 +7,12 @@ import dataclasses
 import msgspec
 import pytest
 
-from frontend.card_view import CardView
-from frontend.errors import BadFieldError
-from frontend.registry import ServedModel
-from frontend.translate import chat_to_generate, completion_to_generate
-from proto.discovery import Instance, ModelDeploymentCard
-from proto.openai import ChatCompletionRequest, CompletionRequest
+from lorafleet.frontend.card_view import CardView
+from lorafleet.frontend.errors import BadFieldError
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.translate import chat_to_generate, completion_to_generate
+from lorafleet.proto.discovery import Instance, ModelDeploymentCard
+from lorafleet.proto.openai import ChatCompletionRequest, CompletionRequest
 
 SERVED = ServedModel(
     name="demo",

@@ -13,11 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from discovery.keys import adapter_key
-from discovery.settings import EtcdSettings
-from frontend.config import FrontendConfig
-from proto.adapters import AdapterSpec
-from proto.naming import lora_slug
+from lorafleet.discovery.keys import adapter_key
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.proto.adapters import AdapterSpec
+from lorafleet.proto.naming import lora_slug
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 from tests.worker.adapters import make_adapter_dir

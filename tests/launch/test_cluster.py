@@ -14,9 +14,9 @@ from typing import IO
 
 import pytest
 
-from discovery.client import connect_etcd
-from launch.demo_model import EXPECTED
-from launch.local_servers import free_port, start_etcd
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.launch.demo_model import EXPECTED
+from lorafleet.launch.local_servers import free_port, start_etcd
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

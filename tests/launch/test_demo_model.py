@@ -14,8 +14,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launch._demo_corpus import chat_prompt
-from launch.demo_model import (
+from lorafleet.launch._demo_corpus import chat_prompt
+from lorafleet.launch.demo_model import (
     ADAPTER_NAMES,
     EXPECTED,
     EXPECTED_PROMPT,

@@ -1,7 +1,7 @@
 """The compose stack's ``etcd-auth`` one-shot, run for real against a local etcd (no Docker).
 
-compose.secure.yaml's service runs ``python -m launch.etcd_auth_job`` with etcdctl, as here:
-these tests run that same command, so what they show about the grants holds for compose.
+compose.secure.yaml's service runs ``python -m lorafleet.launch.etcd_auth_job`` with etcdctl,
+as here: these tests run that same command, so what they show about the grants holds for compose.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from discovery.keys import KEYS_ROOT
-from launch.local_servers import LocalServer, find_binary
+from lorafleet.discovery.keys import KEYS_ROOT
+from lorafleet.launch.local_servers import LocalServer, find_binary
 
 SECURE_FILE = Path(__file__).resolve().parents[2] / "compose.secure.yaml"
 ROOT_PASSWORD = "lfroot-test-password"
@@ -30,7 +30,7 @@ def _run_job(etcd: LocalServer, **overrides: str) -> subprocess.CompletedProcess
         "ETCD_AUTH_USERNAME": "lorafleet",
         "ETCD_AUTH_PASSWORD": USER_PASSWORD,
     } | overrides
-    command = [sys.executable, "-m", "launch.etcd_auth_job"]
+    command = [sys.executable, "-m", "lorafleet.launch.etcd_auth_job"]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.local_servers import PortTakenError, start_etcd, start_nats
+from lorafleet.launch.local_servers import PortTakenError, start_etcd, start_nats
 
 
 def test_a_nats_server_on_a_port_another_one_serves_fails_instead_of_passing_for_it(

@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from discovery.client import connect_etcd
-from discovery.errors import EtcdRefusedError
-from launch.cli import main as lorafleet
-from launch.local_servers import free_port
-from launch.secure_etcd import start_secure_etcd
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.errors import EtcdRefusedError
+from lorafleet.launch.cli import main as lorafleet
+from lorafleet.launch.local_servers import free_port
+from lorafleet.launch.secure_etcd import start_secure_etcd
 from tests.launch.test_cluster import STOP_WAIT_S, _read_until_ready
 
 pytestmark = pytest.mark.slow

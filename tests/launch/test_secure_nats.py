@@ -19,12 +19,12 @@ import openai
 import pytest
 from nats.aio.msg import Msg
 
-from discovery.errors import NatsAuthError
-from discovery.keys import nats_subject
-from discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
-from discovery.nats_settings import NatsSettings
-from launch.local_servers import LocalServer, free_port
-from launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
+from lorafleet.discovery.errors import NatsAuthError
+from lorafleet.discovery.keys import nats_subject
+from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
+from lorafleet.discovery.nats_settings import NatsSettings
+from lorafleet.launch.local_servers import LocalServer, free_port
+from lorafleet.launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
 from tests.launch.test_cluster import STOP_WAIT_S, _read_until_ready
 from tests.nats_faults import fleet
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.local_servers import free_port
-from launch.ports import is_free
+from lorafleet.launch.local_servers import free_port
+from lorafleet.launch.ports import is_free
 from tests.launch.test_cluster import STOP_WAIT_S, drain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

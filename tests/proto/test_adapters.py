@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proto.adapters import (
+from lorafleet.proto.adapters import (
     AdapterSpec,
     AdapterStatus,
     LoraSource,
@@ -12,7 +12,7 @@ from proto.adapters import (
     encode_adapter_spec,
     validate_adapter_spec,
 )
-from proto.errors import InvalidRequestError
+from lorafleet.proto.errors import InvalidRequestError
 
 
 def _spec(**changes: object) -> AdapterSpec:

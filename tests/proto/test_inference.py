@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 
-from proto.adapters import LoadLoraRequest, LoraSource
-from proto.errors import ErrorInfo, NotFoundError
-from proto.inference import (
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource
+from lorafleet.proto.errors import ErrorInfo, NotFoundError
+from lorafleet.proto.inference import (
     FinalChunk,
     GenerateRequest,
     TokenChunk,

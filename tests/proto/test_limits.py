@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from proto.errors import InvalidRequestError
-from proto.limits import MAX_JSON_DEPTH, MAX_SHOWN_CHARS, check_json_depth, shorten
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.limits import MAX_JSON_DEPTH, MAX_SHOWN_CHARS, check_json_depth, shorten
 
 
 def _nested(depth: int, open_: bytes = b"[", close: bytes = b"]") -> bytes:

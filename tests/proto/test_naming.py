@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proto.naming import lora_id, lora_slug
+from lorafleet.proto.naming import lora_id, lora_slug
 
 
 @pytest.mark.parametrize(("name", "expected"), [("test_lora", 1983627077), ("my-lora", 868637996)])

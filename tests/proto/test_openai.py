@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from proto.openai import (
+from lorafleet.proto.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelList,

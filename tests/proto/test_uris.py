@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proto.uris import public_uri, public_uris_in, split_uri
+from lorafleet.proto.uris import public_uri, public_uris_in, split_uri
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from proto.errors import InvalidRequestError
-from proto.vllm_lora import (
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.vllm_lora import (
     LoadLoraAdapterRequest,
     lora_path_uri,
     vllm_error_for_code,

@@ -6,7 +6,13 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from proto.inference import ChatMessage, FinalChunk, GenerateRequest, SamplingParams, TokenChunk
+from lorafleet.proto.inference import (
+    ChatMessage,
+    FinalChunk,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+)
 
 _ids = itertools.count()
 

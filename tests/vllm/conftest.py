@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
-from launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, DemoModelPaths, ensure_demo_model
-from proto.naming import lora_id
-from worker.engine import EngineConfig
+from lorafleet.launch.demo_model import (
+    ADAPTER_NAMES,
+    DEMO_MODEL_NAME,
+    DemoModelPaths,
+    ensure_demo_model,
+)
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engine import EngineConfig
 
 collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["test_*.py"]
 
@@ -50,7 +55,7 @@ async def demo() -> DemoModelPaths:
 
 async def started_engine(demo: DemoModelPaths, **options: Any) -> Any:
     """A started vllm engine with the pirate and robot adapters loaded."""
-    from worker.engines.vllm import VLLMEngine
+    from lorafleet.worker.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(vllm_config(demo, **options))
     await engine.start()

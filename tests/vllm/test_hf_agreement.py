@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from launch._demo_corpus import ANSWERS
-from launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, DemoModelPaths
-from proto.naming import lora_id
+from lorafleet.launch._demo_corpus import ANSWERS
+from lorafleet.launch.demo_model import ADAPTER_NAMES, DEMO_MODEL_NAME, DemoModelPaths
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engines.hf import HFEngine
 from tests.vllm.answers import answer, chat
 from tests.vllm.conftest import vllm_config
-from worker.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.naming import lora_id
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.naming import lora_id
 from tests.vllm.answers import answer, chat
 from tests.vllm.conftest import started_engine
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.errors import InvalidRequestError, NotFoundError
-from proto.inference import GenerateRequest, SamplingParams
-from proto.naming import lora_id
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.errors import InvalidRequestError, NotFoundError
+from lorafleet.proto.inference import GenerateRequest, SamplingParams
+from lorafleet.proto.naming import lora_id
 from tests.vllm.answers import answer, chat
 
 VOICES = {"base": DEMO_MODEL_NAME, "pirate": "pirate", "robot": "robot"}

@@ -8,10 +8,10 @@ from pathlib import Path
 import nats
 import pytest
 
-from discovery.client import EtcdClient
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.discovery import decode_card, decode_instance
-from proto.inference import FinalChunk, TokenChunk
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.discovery import decode_card, decode_instance
+from lorafleet.proto.inference import FinalChunk, TokenChunk
 from tests.processes import start_worker
 from tests.vllm.answers import chat
 from tests.worker.streaming import stream

@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from discovery.keys import adapter_key, load_prefix
-from discovery.watch_cache import WatchCache
-from proto.adapters import AdapterSpec, LoraSource
-from proto.discovery import decode_card
-from proto.fleet_load import InstanceLoad, decode_instance_load
-from proto.naming import lora_slug
+from lorafleet.discovery.keys import adapter_key, load_prefix
+from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.discovery import decode_card
+from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
+from lorafleet.proto.naming import lora_slug
 from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-from launch.local_servers import free_port, start_nats
+from lorafleet.launch.local_servers import free_port, start_nats
 from tests.processes import start_worker
 
 MAX_LINES_BEFORE_READY: Final = 6

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import nats
 
-from proto.inference import (
+from lorafleet.proto.inference import (
     ErrorChunk,
     FinalChunk,
     GenerateRequest,

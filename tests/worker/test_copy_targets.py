@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from lorafleet.worker.copy_targets import CopyTargets
 from tests.hand_clock import HandClock
-from worker.copy_targets import CopyTargets
 
 
 def test_an_extra_copy_goes_only_after_the_cooldown() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from lorafleet.worker.demand import DemandMeter
 from tests.hand_clock import HandClock
-from worker.demand import DemandMeter
 
 
 def test_demand_reads_the_rate_and_decays_by_half_each_half_life() -> None:

@@ -14,9 +14,9 @@ import msgspec
 import nats
 import pytest
 
-from proto.auth import bearer_header
-from proto.discovery import decode_card, decode_instance
-from proto.inference import UpdateReply, UpdateRequest, encode_msg
+from lorafleet.proto.auth import bearer_header
+from lorafleet.proto.discovery import decode_card, decode_instance
+from lorafleet.proto.inference import UpdateReply, UpdateRequest, encode_msg
 from tests.worker.adapters import make_adapter_dir
 
 TOKEN = "s3cret-worker-token"

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from proto.errors import ConflictError, ErrorInfo
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk
-from worker.engine import EngineConfig, EngineRoute, LLMEngine
-from worker.engine_registry import EngineRegistry
+from lorafleet.proto.errors import ConflictError, ErrorInfo
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.worker.engine import EngineConfig, EngineRoute, LLMEngine
+from lorafleet.worker.engine_registry import EngineRegistry
 
 
 class Echo(msgspec.Struct, kw_only=True, frozen=True):

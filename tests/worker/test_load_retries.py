@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proto.errors import NotFoundError
+from lorafleet.proto.errors import NotFoundError
+from lorafleet.worker.load_retries import RETRY_CAP_S, LoadRetries
 from tests.hand_clock import HandClock
-from worker.load_retries import RETRY_CAP_S, LoadRetries
 
 
 def test_a_failed_load_waits_for_its_backoff_and_success_forgets_it() -> None:

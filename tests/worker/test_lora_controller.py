@@ -15,26 +15,26 @@ from typing import Any
 import nats
 import pytest
 
-from discovery.client import EtcdClient
-from discovery.keys import card_prefix
-from discovery.lease import LeaseKeeper
-from proto.adapters import LoadLoraRequest, LoraSource, UnloadLoraRequest
-from proto.discovery import decode_card
-from proto.errors import (
+from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.keys import card_prefix
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource, UnloadLoraRequest
+from lorafleet.proto.discovery import decode_card
+from lorafleet.proto.errors import (
     CapacityError,
     ConflictError,
     InvalidRequestError,
     NotFoundError,
     UpstreamError,
 )
-from proto.inference import GenerateRequest, TokenChunk
-from proto.naming import lora_id
+from lorafleet.proto.inference import GenerateRequest, TokenChunk
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.endpoint import Endpoint, EndpointAddress
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines.mocker import MockerEngine
+from lorafleet.worker.lora import LoRAManager, LoRAManagerConfig
+from lorafleet.worker.lora_controller import LoraController
 from tests.worker.adapters import make_adapter_dir
-from worker.endpoint import Endpoint, EndpointAddress
-from worker.engine import EngineConfig
-from worker.engines.mocker import MockerEngine
-from worker.lora import LoRAManager, LoRAManagerConfig
-from worker.lora_controller import LoraController
 
 COLLIDING = ("a4058", "a39678")
 """Two names with the same ``lora_id`` (found by a birthday search over ``a<i>``)."""

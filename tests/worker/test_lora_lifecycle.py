@@ -15,8 +15,8 @@ import msgspec
 import nats
 import pytest
 
-from proto.discovery import decode_card, decode_instance
-from proto.inference import (
+from lorafleet.proto.discovery import decode_card, decode_instance
+from lorafleet.proto.inference import (
     FinalChunk,
     GenerateRequest,
     SamplingParams,
@@ -24,7 +24,7 @@ from proto.inference import (
     UpdateRequest,
     encode_msg,
 )
-from proto.naming import lora_id
+from lorafleet.proto.naming import lora_id
 from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir

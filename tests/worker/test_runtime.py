@@ -14,10 +14,10 @@ import urllib.request
 import msgspec
 import pytest
 
-from discovery.keys import base_card_key, instance_key
-from launch.local_servers import free_port
-from proto.discovery import decode_card, decode_instance
-from proto.inference import (
+from lorafleet.discovery.keys import base_card_key, instance_key
+from lorafleet.launch.local_servers import free_port
+from lorafleet.proto.discovery import decode_card, decode_instance
+from lorafleet.proto.inference import (
     CancelRequest,
     ErrorChunk,
     FinalChunk,
@@ -28,6 +28,7 @@ from proto.inference import (
     decode_chunk,
     encode_msg,
 )
+from lorafleet.worker.status_server import MAX_BODY_BYTES
 from tests.processes import ServiceProcess, start_worker
 from tests.stuck_clients import (
     EXIT_MARGIN_S,
@@ -38,7 +39,6 @@ from tests.stuck_clients import (
 )
 from tests.worker.nats_late import worker_waits_for_late_nats
 from tests.worker.streaming import stream
-from worker.status_server import MAX_BODY_BYTES
 
 
 async def _instance(etcd, namespace: str):

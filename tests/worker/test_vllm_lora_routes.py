@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proto.discovery import decode_card
+from lorafleet.proto.discovery import decode_card
 from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir
 

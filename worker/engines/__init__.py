@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.engine import EngineConfig, LLMEngine
+from lorafleet.worker.engine import EngineConfig, LLMEngine
 
 __all__ = ["ENGINE_KINDS", "create_engine"]
 
@@ -17,15 +17,15 @@ ENGINE_KINDS: Final = ("mocker", "hf", "vllm")
 def create_engine(kind: str, config: EngineConfig) -> LLMEngine:
     """Build the engine named ``kind``; its heavy imports happen only here."""
     if kind == "mocker":
-        from worker.engines.mocker import MockerEngine
+        from lorafleet.worker.engines.mocker import MockerEngine
 
         return MockerEngine(config)
     if kind == "hf":
-        from worker.engines.hf import HFEngine
+        from lorafleet.worker.engines.hf import HFEngine
 
         return HFEngine(config)
     if kind == "vllm":
-        from worker.engines.vllm import VLLMEngine
+        from lorafleet.worker.engines.vllm import VLLMEngine
 
         return VLLMEngine(config)
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

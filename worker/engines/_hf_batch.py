@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin
 
-from proto.inference import SamplingParams
+from lorafleet.proto.inference import SamplingParams
 
 __all__ = [
     "BASE_ADAPTER",

@@ -25,8 +25,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from proto.errors import InvalidRequestError, UnavailableError
-from worker.engines._hf_lora import LoraRouter
+from lorafleet.proto.errors import InvalidRequestError, UnavailableError
+from lorafleet.worker.engines._hf_lora import LoraRouter
 
 __all__ = ["ModelHost"]
 

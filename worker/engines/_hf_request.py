@@ -14,8 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from proto.errors import InvalidRequestError, LorafleetError
-from proto.inference import (
+from lorafleet.proto.errors import InvalidRequestError, LorafleetError
+from lorafleet.proto.inference import (
     FinalChunk,
     FinishReason,
     GenerateRequest,
@@ -25,8 +25,8 @@ from proto.inference import (
     TopLogprob,
     Usage,
 )
-from worker.engines._hf_batch import Row, RowState
-from worker.engines._hf_text import TextStream
+from lorafleet.worker.engines._hf_batch import Row, RowState
+from lorafleet.worker.engines._hf_text import TextStream
 
 __all__ = ["InFlight", "Outcome", "check_sampling", "prompt_ids"]
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from proto.errors import InvalidRequestError
-from proto.inference import FinishReason, SamplingParams, TokenLogprob, TopLogprob
-from worker.engine import EngineConfig
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.inference import FinishReason, SamplingParams, TokenLogprob, TopLogprob
+from lorafleet.worker.engine import EngineConfig
 
 __all__ = [
     "ISOLATE_OPTION",

@@ -34,22 +34,22 @@ from typing import Final, TypeVar
 
 import structlog
 
-from proto.errors import (
+from lorafleet.proto.errors import (
     InvalidRequestError,
     LorafleetError,
     UnavailableError,
     UpstreamError,
 )
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk
-from worker import metrics
-from worker.adapter_engine import AdapterEngine
-from worker.engine import EngineConfig
-from worker.engines._hf_adapters import Adapter
-from worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
-from worker.engines._hf_model import ModelHost
-from worker.engines._hf_request import InFlight, check_sampling, prompt_ids
-from worker.engines._hf_text import TextStream
-from worker.lora.adapter_files import check_adapter_rank
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.worker import metrics
+from lorafleet.worker.adapter_engine import AdapterEngine
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines._hf_adapters import Adapter
+from lorafleet.worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, RowState
+from lorafleet.worker.engines._hf_model import ModelHost
+from lorafleet.worker.engines._hf_request import InFlight, check_sampling, prompt_ids
+from lorafleet.worker.engines._hf_text import TextStream
+from lorafleet.worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["EngineState", "HFEngine"]
 

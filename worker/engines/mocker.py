@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from proto.errors import UpstreamError
-from proto.inference import (
+from lorafleet.proto.errors import UpstreamError
+from lorafleet.proto.inference import (
     FinalChunk,
     FinishReason,
     GenerateRequest,
@@ -25,9 +25,9 @@ from proto.inference import (
     TopLogprob,
     Usage,
 )
-from worker import metrics
-from worker.adapter_engine import AdapterEngine
-from worker.engine import EngineConfig, ModelEndpoint
+from lorafleet.worker import metrics
+from lorafleet.worker.adapter_engine import AdapterEngine
+from lorafleet.worker.engine import EngineConfig, ModelEndpoint
 
 __all__ = ["MockerEngine", "MockerOptions"]
 

@@ -30,21 +30,26 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from proto.discovery import ModelDeploymentCard
-from proto.errors import InvalidRequestError, LorafleetError, UnavailableError, UpstreamError
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk, TokenLogprob, Usage
-from worker.adapter_engine import AdapterEngine
-from worker.engine import EngineConfig
-from worker.engines._adapter_table import AdapterTable
-from worker.engines._batch_groups import BatchGroupGate
-from worker.engines._vllm_settings import (
+from lorafleet.proto.discovery import ModelDeploymentCard
+from lorafleet.proto.errors import (
+    InvalidRequestError,
+    LorafleetError,
+    UnavailableError,
+    UpstreamError,
+)
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk, TokenLogprob, Usage
+from lorafleet.worker.adapter_engine import AdapterEngine
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines._adapter_table import AdapterTable
+from lorafleet.worker.engines._batch_groups import BatchGroupGate
+from lorafleet.worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
     isolation_mode,
     sampling_kwargs,
     token_logprobs,
 )
-from worker.lora.adapter_files import check_adapter_rank
+from lorafleet.worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
 

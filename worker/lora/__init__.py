@@ -1,8 +1,8 @@
 """The LoRA manager: resolve adapter URIs (file://, s3://, hf://, custom) to local directories."""
 
-from worker.lora._redact import redact_uri
-from worker.lora.config import LoRAManagerConfig
-from worker.lora.errors import (
+from lorafleet.worker.lora._redact import redact_uri
+from lorafleet.worker.lora.config import LoRAManagerConfig
+from lorafleet.worker.lora.errors import (
     LoraConfigError,
     LoraInvalidAdapterError,
     LoraInvalidUriError,
@@ -10,9 +10,9 @@ from worker.lora.errors import (
     LoraSourceError,
     LoraUnavailableError,
 )
-from worker.lora.hf_source import HfSource
-from worker.lora.lora_manager import DownloadResult, LoRAManager
-from worker.lora.source import InPlaceSource, LoRASource
+from lorafleet.worker.lora.hf_source import HfSource
+from lorafleet.worker.lora.lora_manager import DownloadResult, LoRAManager
+from lorafleet.worker.lora.source import InPlaceSource, LoRASource
 
 __all__ = [
     "DownloadResult",

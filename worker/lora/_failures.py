@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.lora.errors import (
+from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,
     LoraInvalidUriError,
     LoraNotFoundError,

@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any, Final
 
-from proto.errors import InvalidRequestError
+from lorafleet.proto.errors import InvalidRequestError
 
 __all__ = [
     "ADAPTER_CONFIG",

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Final
 
-from worker.lora.errors import LoraInvalidAdapterError
+from lorafleet.worker.lora.errors import LoraInvalidAdapterError
 
 __all__ = ["ARCHIVE_SUFFIXES", "extract_archive", "is_archive_name", "safe_join"]
 

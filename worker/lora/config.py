@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from proto.uris import is_scheme_name
-from worker.lora.errors import LoraConfigError
-from worker.lora.source import LoRASource
+from lorafleet.proto.uris import is_scheme_name
+from lorafleet.worker.lora.errors import LoraConfigError
+from lorafleet.worker.lora.source import LoRASource
 
 __all__ = ["DEFAULT_CACHE_DIR", "LoRAManagerConfig", "load_source"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from worker.lora._redact import redact_uri
-from worker.lora.errors import LoraConfigError, LoraNotFoundError
+from lorafleet.worker.lora._redact import redact_uri
+from lorafleet.worker.lora.errors import LoraConfigError, LoraNotFoundError
 
 __all__ = ["CustomSource"]
 

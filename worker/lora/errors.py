@@ -18,9 +18,14 @@ failure in ``failures``.
 
 from __future__ import annotations
 
-from proto.errors import InvalidRequestError, LorafleetError, NotFoundError, UnavailableError
-from proto.limits import shorten
-from worker.lora._redact import redact_uri
+from lorafleet.proto.errors import (
+    InvalidRequestError,
+    LorafleetError,
+    NotFoundError,
+    UnavailableError,
+)
+from lorafleet.proto.limits import shorten
+from lorafleet.worker.lora._redact import redact_uri
 
 __all__ = [
     "LoraConfigError",

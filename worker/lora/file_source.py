@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
-from worker.lora.errors import LoraInvalidAdapterError, LoraInvalidUriError, LoraNotFoundError
+from lorafleet.worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
+from lorafleet.worker.lora.errors import (
+    LoraInvalidAdapterError,
+    LoraInvalidUriError,
+    LoraNotFoundError,
+)
 
 __all__ = ["ADAPTER_DIR_ENTRIES_MAX", "ESCAPE_HINT", "FileSource", "file_uri_path"]
 

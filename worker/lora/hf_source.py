@@ -16,8 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-from proto.uris import split_uri
-from worker.lora.errors import (
+from lorafleet.proto.uris import split_uri
+from lorafleet.worker.lora.errors import (
     LoraInvalidUriError,
     LoraNotFoundError,
     LoraSourceError,

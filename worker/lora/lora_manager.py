@@ -18,27 +18,27 @@ from typing import Any, Final
 
 import structlog
 
-from proto.errors import LorafleetError, error_body
-from proto.uris import is_scheme_name
-from worker import metrics
-from worker.lora._failures import combine_failures
-from worker.lora._redact import redact_uri
-from worker.lora.adapter_files import adapter_problem
-from worker.lora.cache import AdapterCache
-from worker.lora.config import LoRAManagerConfig, load_source
-from worker.lora.custom_source import CustomSource
-from worker.lora.errors import (
+from lorafleet.proto.errors import LorafleetError, error_body
+from lorafleet.proto.uris import is_scheme_name
+from lorafleet.worker import metrics
+from lorafleet.worker.lora._failures import combine_failures
+from lorafleet.worker.lora._redact import redact_uri
+from lorafleet.worker.lora.adapter_files import adapter_problem
+from lorafleet.worker.lora.cache import AdapterCache
+from lorafleet.worker.lora.config import LoRAManagerConfig, load_source
+from lorafleet.worker.lora.custom_source import CustomSource
+from lorafleet.worker.lora.errors import (
     LoraConfigError,
     LoraInvalidAdapterError,
     LoraInvalidUriError,
     LoraSourceError,
     LoraUnavailableError,
 )
-from worker.lora.file_source import FileSource
-from worker.lora.hf_source import HfSource
-from worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
-from worker.lora.source import InPlaceSource, LoRASource
-from worker.lora.uri import cache_key, uri_scheme
+from lorafleet.worker.lora.file_source import FileSource
+from lorafleet.worker.lora.hf_source import HfSource
+from lorafleet.worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
+from lorafleet.worker.lora.source import InPlaceSource, LoRASource
+from lorafleet.worker.lora.uri import cache_key, uri_scheme
 
 __all__ = ["DownloadResult", "LoRAManager"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from worker.lora._redact import redact_uri
-from worker.lora.errors import (
+from lorafleet.worker.lora._redact import redact_uri
+from lorafleet.worker.lora.errors import (
     LoraInvalidUriError,
     LoraNotFoundError,
     LoraSourceError,

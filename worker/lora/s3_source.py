@@ -17,17 +17,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
-from proto.uris import split_uri
-from worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from worker.lora.archive import extract_archive, is_archive_name, safe_join
-from worker.lora.errors import (
+from lorafleet.proto.uris import split_uri
+from lorafleet.worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from lorafleet.worker.lora.archive import extract_archive, is_archive_name, safe_join
+from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,
     LoraInvalidUriError,
     LoraNotFoundError,
     LoraSourceError,
     LoraUnavailableError,
 )
-from worker.lora.s3_errors import translate_s3_error
+from lorafleet.worker.lora.s3_errors import translate_s3_error
 
 __all__ = [
     "InsecureEndpointError",

@@ -6,8 +6,8 @@ from typing import Final
 
 import blake3
 
-from proto.uris import split_uri
-from worker.lora.errors import LoraInvalidUriError
+from lorafleet.proto.uris import split_uri
+from lorafleet.worker.lora.errors import LoraInvalidUriError
 
 __all__ = ["CACHE_KEY_HEX_CHARS", "cache_key", "uri_scheme"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.engines._adapter_table import AdapterTable
+from lorafleet.worker.engines._adapter_table import AdapterTable
 
 
 def _table() -> AdapterTable[str]:

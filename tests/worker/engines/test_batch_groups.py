@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.engines._batch_groups import BatchGroupGate
+from lorafleet.worker.engines._batch_groups import BatchGroupGate
 
 
 async def _hold(gate: BatchGroupGate, group: str, log: list[str], release: asyncio.Event) -> None:

@@ -10,19 +10,25 @@ from typing import Any, Final
 import pytest
 import pytest_asyncio
 
-from launch._demo_corpus import ANSWERS, chat_prompt
-from launch.demo_model import (
+from lorafleet.launch._demo_corpus import ANSWERS, chat_prompt
+from lorafleet.launch.demo_model import (
     ADAPTER_NAMES,
     DEMO_MODEL_NAME,
     EXPECTED,
     EXPECTED_PROMPT,
     DemoModelPaths,
 )
-from proto.errors import InvalidRequestError, NotFoundError, UnavailableError
-from proto.inference import ChatMessage, FinalChunk, GenerateRequest, SamplingParams, TokenChunk
-from proto.naming import lora_id
-from worker.engine import EngineConfig
-from worker.engines.hf import HFEngine
+from lorafleet.proto.errors import InvalidRequestError, NotFoundError, UnavailableError
+from lorafleet.proto.inference import (
+    ChatMessage,
+    FinalChunk,
+    GenerateRequest,
+    SamplingParams,
+    TokenChunk,
+)
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines.hf import HFEngine
 
 PERSONAS: Final = {"base": DEMO_MODEL_NAME, "pirate": "pirate", "robot": "robot"}
 # Near-uniform sampling that, with this seed, runs to max_tokens without an eos

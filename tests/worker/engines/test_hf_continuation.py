@@ -14,10 +14,10 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from launch.demo_model import ADAPTER_NAMES, DemoModelPaths
-from proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.launch.demo_model import ADAPTER_NAMES, DemoModelPaths
+from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.worker.engines.hf import HFEngine
 from tests.worker.engines.test_hf import PERSONAS, chat, started
-from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
 

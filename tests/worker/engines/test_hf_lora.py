@@ -16,13 +16,13 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from launch._demo_corpus import chat_prompt
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED_PROMPT, DemoModelPaths
-from proto.inference import GenerateRequest, SamplingParams, TokenChunk
-from proto.naming import lora_id
+from lorafleet.launch._demo_corpus import chat_prompt
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.inference import GenerateRequest, SamplingParams, TokenChunk
+from lorafleet.proto.naming import lora_id
+from lorafleet.worker.engines._hf_batch import BASE_ADAPTER
+from lorafleet.worker.engines.hf import HFEngine
 from tests.worker.engines.test_hf import started
-from worker.engines._hf_batch import BASE_ADAPTER
-from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")
 

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from proto.inference import SamplingParams
-from worker.engines._hf_batch import Row, draw_plain, penalise, sample_token
+from lorafleet.proto.inference import SamplingParams
+from lorafleet.worker.engines._hf_batch import Row, draw_plain, penalise, sample_token
 
 
 def _row(prompt: list[int], output: list[int], **sampling: float) -> Row:

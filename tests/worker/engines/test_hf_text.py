@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from launch.demo_model import DemoModelPaths
-from worker.engines._hf_text import TextStream
+from lorafleet.launch.demo_model import DemoModelPaths
+from lorafleet.worker.engines._hf_text import TextStream
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import httpx
 import nats
 import pytest
 
-from launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from proto.discovery import decode_instance
-from proto.inference import (
+from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
+from lorafleet.proto.discovery import decode_instance
+from lorafleet.proto.inference import (
     ChatMessage,
     ErrorChunk,
     FinalChunk,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from proto.errors import InvalidRequestError
-from proto.inference import SamplingParams, TokenLogprob, TopLogprob
-from worker.engine import EngineConfig
-from worker.engines._vllm_settings import (
+from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.inference import SamplingParams, TokenLogprob, TopLogprob
+from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
     isolation_mode,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.lora.archive import extract_archive, safe_join
-from worker.lora.errors import LoraInvalidAdapterError
+from lorafleet.worker.lora.archive import extract_archive, safe_join
+from lorafleet.worker.lora.errors import LoraInvalidAdapterError
 
 URI = "s3://bucket/adapter.tar.gz"
 

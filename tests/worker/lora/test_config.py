@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.lora import LoraConfigError, LoRAManager, LoRAManagerConfig
+from lorafleet.worker.lora import LoraConfigError, LoRAManager, LoRAManagerConfig
 
 
 def test_defaults_cache_under_home_and_allow_every_scheme() -> None:

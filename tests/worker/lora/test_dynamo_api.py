@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from lorafleet.worker.lora import LoraConfigError, LoRAManager
 from tests.worker.lora.hub_stand_in import HubRepo, serve_hub
-from worker.lora import LoraConfigError, LoRAManager
 
 
 class DownloadOnlySource:

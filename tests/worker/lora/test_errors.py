@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proto.errors import error_from_info
-from worker.lora.errors import (
+from lorafleet.proto.errors import error_from_info
+from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,
     LoraInvalidUriError,
     LoraNotFoundError,

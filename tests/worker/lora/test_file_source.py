@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.lora import (
+from lorafleet.worker.lora import (
     LoraInvalidAdapterError,
     LoraInvalidUriError,
     LoRAManager,

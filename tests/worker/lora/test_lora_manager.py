@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from worker.lora import (
+from lorafleet.worker.lora import (
     LoraConfigError,
     LoraInvalidAdapterError,
     LoraInvalidUriError,
@@ -20,7 +20,7 @@ from worker.lora import (
     LoraSourceError,
     LoraUnavailableError,
 )
-from worker.lora.uri import cache_key
+from lorafleet.worker.lora.uri import cache_key
 
 
 class RecordingSource:

@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from worker.lora import (
+from lorafleet.worker.lora import (
     LoraInvalidAdapterError,
     LoRAManager,
     LoRAManagerConfig,
     LoraNotFoundError,
     LoraUnavailableError,
 )
-from worker.lora.s3_source import S3Source
-from worker.lora.uri import cache_key
+from lorafleet.worker.lora.s3_source import S3Source
+from lorafleet.worker.lora.uri import cache_key
 
 
 def _manager(tmp_path: Path) -> LoRAManager:
@@ -172,8 +172,8 @@ async def test_tar_archive_object_is_extracted_from_its_single_folder(
 PAUSING_DOWNLOADER = textwrap.dedent(
     """
     import asyncio, sys, time
-    from worker.lora import LoRAManager
-    from worker.lora.s3_source import default_s3_client
+    from lorafleet.worker.lora import LoRAManager
+    from lorafleet.worker.lora.s3_source import default_s3_client
 
     def pausing_client():
         client = default_s3_client()
