@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from bench._report import add_output_flags, benchmark_main, machine, percentile, table
-from lorafleet.proto.placement import RendezvousCache, plan_copies
+from lorafleet.fleet.placement import RendezvousCache, plan_copies
 
 Plan = dict[str, list[int]]
 

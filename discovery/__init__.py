@@ -1,14 +1,6 @@
 """The control-plane connections: etcd (lease, records, key layout, watch cache) and NATS."""
 
 from lorafleet.discovery import _grpc_env  # noqa: F401  (first: before anything imports grpc)
-from lorafleet.discovery.build_info import (
-    lorafleet_version,
-    python_version,
-)
-from lorafleet.discovery.cli_help import (
-    HelpFormatter,
-    add_version,
-)
 from lorafleet.discovery.client import (
     ETCD_OP_TIMEOUT_S,
     MAX_RECONNECT_BACKOFF_MS,
@@ -20,26 +12,17 @@ from lorafleet.discovery.connect import (
     wait_for_etcd,
     wait_for_nats,
 )
+from lorafleet.discovery.connection_flags import (
+    ConnectionArgs,
+    add_connection_flags,
+    connection_args,
+)
 from lorafleet.discovery.errors import (
     EtcdRefusedError,
     EtcdUnavailableError,
     NatsAuthError,
     NatsConnectError,
     NatsSettingsError,
-)
-from lorafleet.discovery.flags import (
-    ConnectionArgs,
-    FlagSpec,
-    add_connection_flags,
-    add_env_options,
-    connection_args,
-    env_flag,
-    env_option,
-)
-from lorafleet.discovery.header_timeout import (
-    DEFAULT_HEADER_TIMEOUT_S,
-    HeaderTimeoutProtocol,
-    with_header_timeout,
 )
 from lorafleet.discovery.keys import (
     ADAPTERS_ROOT,
@@ -64,10 +47,6 @@ from lorafleet.discovery.lease import (
     LeaseKeeper,
     LeaseState,
 )
-from lorafleet.discovery.logs import (
-    configure_logging,
-    console_renderer,
-)
 from lorafleet.discovery.nats_connection import (
     DEFAULT_INBOX_PREFIX,
     NATS_CONNECT_TIMEOUT_S,
@@ -82,12 +61,6 @@ from lorafleet.discovery.nats_settings import (
     DEFAULT_NATS_SERVER,
     NatsSettings,
     parse_nats_servers,
-)
-from lorafleet.discovery.pids import (
-    pid_alive,
-)
-from lorafleet.discovery.response_head import (
-    HeadWithBodyProtocol,
 )
 from lorafleet.discovery.settings import (
     DEFAULT_ETCD_ENDPOINTS,
@@ -111,7 +84,6 @@ __all__ = [
     "ConnectionArgs",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_ETCD_ENDPOINTS",
-    "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_INBOX_PREFIX",
     "DEFAULT_NAMESPACE",
     "DEFAULT_NATS_SERVER",
@@ -120,10 +92,6 @@ __all__ = [
     "EtcdRefusedError",
     "EtcdSettings",
     "EtcdUnavailableError",
-    "FlagSpec",
-    "HeadWithBodyProtocol",
-    "HeaderTimeoutProtocol",
-    "HelpFormatter",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "LOAD_ROOT",
@@ -148,31 +116,21 @@ __all__ = [
     "adapter_key",
     "adapters_prefix",
     "add_connection_flags",
-    "add_env_options",
-    "add_version",
     "base_card_key",
     "card_prefix",
-    "configure_logging",
     "connect_etcd",
     "connect_with_retry",
     "connection_args",
-    "console_renderer",
-    "env_flag",
-    "env_option",
     "instance_key",
     "instance_prefix",
     "load_key",
     "load_prefix",
     "lora_card_key",
-    "lorafleet_version",
     "nats_subject",
     "parse_card_key",
     "parse_endpoints",
     "parse_nats_servers",
-    "pid_alive",
-    "python_version",
     "unless_stopped",
     "wait_for_etcd",
     "wait_for_nats",
-    "with_header_timeout",
 ]

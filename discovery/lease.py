@@ -17,7 +17,7 @@ import aetcd
 import structlog
 
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.proto.backoff import backoff_s
+from lorafleet.process.backoff import backoff_s
 
 __all__ = ["LeaseKeeper", "LeaseState"]
 

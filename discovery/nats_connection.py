@@ -24,7 +24,7 @@ from nats.aio.client import Client as NatsClient
 
 from lorafleet.discovery.errors import NatsAuthError, NatsConnectError
 from lorafleet.discovery.nats_settings import NatsSettings
-from lorafleet.proto.backoff import backoff_s
+from lorafleet.process.backoff import backoff_s
 
 __all__ = [
     "DEFAULT_INBOX_PREFIX",

@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar
 
 import structlog
 
-from lorafleet.proto.backoff import backoff_s
+from lorafleet.process.backoff import backoff_s
 from lorafleet.proto.errors import UnavailableError
 
 __all__ = [

@@ -15,7 +15,7 @@ import msgspec
 import structlog
 
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.proto.backoff import backoff_s
+from lorafleet.process.backoff import backoff_s
 
 __all__ = ["WatchCache", "WatchListener"]
 

@@ -23,16 +23,7 @@ from typing import Final
 import uvicorn
 from litestar import Litestar
 
-from lorafleet.discovery.cli_help import HelpFormatter, add_version
-from lorafleet.discovery.flags import (
-    FlagSpec,
-    add_connection_flags,
-    add_env_options,
-    connection_args,
-    env_option,
-)
-from lorafleet.discovery.header_timeout import with_header_timeout
-from lorafleet.discovery.logs import configure_logging
+from lorafleet.discovery.connection_flags import add_connection_flags, connection_args
 from lorafleet.frontend.app import create_app
 from lorafleet.frontend.config import (
     DEFAULT_HTTP_PORT,
@@ -43,6 +34,10 @@ from lorafleet.frontend.config import (
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.router import ROUTERS
+from lorafleet.process.cli_help import HelpFormatter, add_version
+from lorafleet.process.flags import FlagSpec, add_env_options, env_option
+from lorafleet.process.header_timeout import with_header_timeout
+from lorafleet.process.logs import configure_logging
 
 __all__ = ["build_parser", "config_from_args", "main"]
 

@@ -15,7 +15,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 
-from lorafleet.proto.auth import bearer_token_accepted
+from lorafleet.process.auth import bearer_token_accepted
 from lorafleet.proto.errors import UnauthorizedError
 
 __all__ = ["admin_post", "require_admin_token"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from lorafleet.discovery.keys import DEFAULT_NAMESPACE
 from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
 from lorafleet.discovery.settings import EtcdSettings
@@ -13,6 +12,7 @@ from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.router import ROUTERS
+from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_HTTP_PORT",

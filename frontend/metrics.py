@@ -12,7 +12,7 @@ from typing import Any, Final, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from lorafleet.discovery.build_info import lorafleet_version, python_version
+from lorafleet.process.build_info import lorafleet_version, python_version
 
 __all__ = [
     "FrontendMetrics",

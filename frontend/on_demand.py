@@ -26,6 +26,7 @@ from typing import Final
 import msgspec
 import structlog
 
+from lorafleet.fleet.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.errors import (
     AdapterLoadFailedError,
@@ -41,8 +42,8 @@ from lorafleet.frontend.load_failures import Failure, LoadFailures, iso_time
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.process.auth import bearer_header
 from lorafleet.proto.adapters import AdapterSpec, LoadLoraRequest
-from lorafleet.proto.auth import bearer_header
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import (
     CapacityError,
@@ -52,7 +53,6 @@ from lorafleet.proto.errors import (
     error_from_info,
 )
 from lorafleet.proto.inference import UpdateReply, UpdateRequest
-from lorafleet.proto.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
 from lorafleet.proto.uris import public_uri
 
 __all__ = [

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from lorafleet.discovery.cli_help import HelpFormatter, add_version
 from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from lorafleet.launch.cluster_state import ClusterState, read_state
 from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S
+from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
 
@@ -231,8 +231,8 @@ def _namespace(state: ClusterState | None) -> str:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from lorafleet.discovery.logs import configure_logging
     from lorafleet.launch.cluster import ClusterOptions, run_cluster
+    from lorafleet.process.logs import configure_logging
 
     configure_logging(process="lorafleet-up")
     options = ClusterOptions(

@@ -14,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from lorafleet.discovery.pids import pid_alive
+from lorafleet.process.pids import pid_alive
 
 __all__ = ["ClusterState", "STATE_FILE_NAME", "read_state", "remove_state", "write_state"]
 

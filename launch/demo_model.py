@@ -22,8 +22,8 @@ from typing import Final
 
 import structlog
 
-from lorafleet.discovery.logs import configure_logging
 from lorafleet.launch._demo_corpus import ANSWERS
+from lorafleet.process.logs import configure_logging
 
 __all__ = [
     "ADAPTER_NAMES",

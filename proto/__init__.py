@@ -18,14 +18,6 @@ from lorafleet.proto.adapters import (
     validate_adapter_spec,
     validate_lora_name,
 )
-from lorafleet.proto.auth import (
-    AUTHORIZATION_HEADER,
-    bearer_header,
-    bearer_token_accepted,
-)
-from lorafleet.proto.backoff import (
-    backoff_s,
-)
 from lorafleet.proto.discovery import (
     Instance,
     LoraInfo,
@@ -125,17 +117,6 @@ from lorafleet.proto.openai import (
     StreamOptions,
     UsageInfo,
 )
-from lorafleet.proto.placement import (
-    HELD_DEMAND_EPS,
-    IN_USE_RPS,
-    LOAD_BOUND_EPS,
-    RendezvousCache,
-    chosen_instances,
-    may_drop_copy,
-    plan_copies,
-    rendezvous_order,
-    wanted_copies,
-)
 from lorafleet.proto.uris import (
     is_scheme_name,
     public_uri,
@@ -160,7 +141,6 @@ from lorafleet.proto.vllm_lora import (
 )
 
 __all__ = [
-    "AUTHORIZATION_HEADER",
     "AdapterList",
     "AdapterLoadError",
     "AdapterSpec",
@@ -192,16 +172,13 @@ __all__ = [
     "FinishReason",
     "FrontendHealth",
     "GenerateRequest",
-    "HELD_DEMAND_EPS",
     "HTTP_STATUS_BY_CODE",
     "INT64_MAX",
     "INT64_MIN",
-    "IN_USE_RPS",
     "Instance",
     "InstanceLoad",
     "InstanceMessage",
     "InvalidRequestError",
-    "LOAD_BOUND_EPS",
     "LORA_ID_MASK",
     "ListLorasRequest",
     "LoadFailure",
@@ -229,7 +206,6 @@ __all__ = [
     "OpenAIError",
     "OpenAIErrorResponse",
     "PingRequest",
-    "RendezvousCache",
     "RuntimeConfig",
     "SamplingParams",
     "ShuttingDownError",
@@ -249,11 +225,7 @@ __all__ = [
     "UsageInfo",
     "VllmErrorInfo",
     "VllmErrorResponse",
-    "backoff_s",
-    "bearer_header",
-    "bearer_token_accepted",
     "check_json_depth",
-    "chosen_instances",
     "decode_adapter_spec",
     "decode_card",
     "decode_chunk",
@@ -272,13 +244,10 @@ __all__ = [
     "lora_id",
     "lora_path_uri",
     "lora_slug",
-    "may_drop_copy",
-    "plan_copies",
     "public_uri",
     "public_uris_in",
     "redact_uri",
     "redact_uris_in",
-    "rendezvous_order",
     "replica_bounds",
     "shorten",
     "split_uri",
@@ -291,5 +260,4 @@ __all__ = [
     "vllm_missing_unload_fields",
     "vllm_not_found",
     "vllm_success_message",
-    "wanted_copies",
 ]

@@ -89,7 +89,7 @@ def namespace() -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Logs of in-process servers go to stderr, as in production."""
-    from lorafleet.discovery.logs import configure_logging
+    from lorafleet.process.logs import configure_logging
 
     configure_logging(process="tests", level="warning")
 

@@ -1,8 +1,8 @@
 """``__all__`` is sorted and resolvable everywhere, and complete for the shared libraries.
 
-The shared libraries (``proto``, ``discovery``) re-export every public name of
-their modules; process packages keep their heavy modules (engines) out of
-``__init__`` so that importing ``worker`` never loads torch.
+The shared libraries (``proto``, ``process``, ``discovery``, ``fleet``) re-export every public
+name of their modules; process packages keep their heavy modules (engines) out of ``__init__``
+so that importing ``worker`` never loads torch.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pytest
 
-PACKAGES = [f"lorafleet.{name}" for name in ("proto", "discovery", "worker", "frontend", "launch")]
-SHARED_LIBRARIES = ["lorafleet.proto", "lorafleet.discovery"]
+SHARED_LIBRARIES = [f"lorafleet.{name}" for name in ("proto", "process", "discovery", "fleet")]
+PACKAGES = [*SHARED_LIBRARIES, *(f"lorafleet.{name}" for name in ("worker", "frontend", "launch"))]
 
 
 def _submodules(package: str) -> list[str]:

@@ -6,7 +6,7 @@ import sys
 
 import uvloop
 
-from lorafleet.discovery.logs import configure_logging
+from lorafleet.process.logs import configure_logging
 from lorafleet.worker.config import parse_worker_args
 from lorafleet.worker.runtime import run_worker
 

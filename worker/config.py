@@ -9,20 +9,14 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from lorafleet.discovery.cli_help import HelpFormatter, add_version
-from lorafleet.discovery.flags import (
-    FlagSpec,
-    add_connection_flags,
-    add_env_options,
-    connection_args,
-    env_flag,
-    env_option,
-)
-from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from lorafleet.discovery.connection_flags import add_connection_flags, connection_args
 from lorafleet.discovery.keys import DEFAULT_NAMESPACE
 from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
+from lorafleet.process.cli_help import HelpFormatter, add_version
+from lorafleet.process.flags import FlagSpec, add_env_options, env_flag, env_option
+from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines import ENGINE_KINDS
 from lorafleet.worker.lora_controller import IN_USE_S

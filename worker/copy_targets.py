@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 
-from lorafleet.proto.placement import may_drop_copy, wanted_copies
+from lorafleet.fleet.placement import may_drop_copy, wanted_copies
 
 __all__ = ["CopyTargets"]
 

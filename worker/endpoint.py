@@ -23,7 +23,7 @@ import structlog
 
 from lorafleet.discovery.keys import base_card_key, lora_card_key, nats_subject
 from lorafleet.discovery.lease import LeaseKeeper
-from lorafleet.proto.auth import AUTHORIZATION_HEADER, bearer_token_accepted
+from lorafleet.process.auth import AUTHORIZATION_HEADER, bearer_token_accepted
 from lorafleet.proto.discovery import ModelDeploymentCard, encode_record
 from lorafleet.proto.errors import (
     ErrorInfo,

@@ -16,7 +16,7 @@ from typing import Final
 
 import structlog
 
-from lorafleet.proto.backoff import backoff_s
+from lorafleet.process.backoff import backoff_s
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.fleet_load import LoadFailure
 from lorafleet.proto.limits import shorten

@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol, TypeAlias
 import msgspec
 import structlog
 
+from lorafleet.fleet.placement import IN_USE_RPS
 from lorafleet.proto.adapters import (
     ListLorasRequest,
     LoadLoraRequest,
@@ -46,7 +47,6 @@ from lorafleet.proto.errors import (
 )
 from lorafleet.proto.limits import shorten
 from lorafleet.proto.naming import lora_id, lora_slug
-from lorafleet.proto.placement import IN_USE_RPS
 from lorafleet.proto.uris import split_uri
 from lorafleet.worker import metrics
 from lorafleet.worker.demand import DemandMeter

@@ -13,7 +13,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from lorafleet.discovery.build_info import lorafleet_version, python_version
+from lorafleet.process.build_info import lorafleet_version, python_version
 
 __all__ = [
     "ADAPTER_CACHE_BYTES",

@@ -28,6 +28,7 @@ from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import adapters_prefix, card_prefix, load_prefix, parse_card_key
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.fleet.placement import RendezvousCache, chosen_instances, plan_copies
 from lorafleet.proto.adapters import (
     AdapterSpec,
     LoadLoraRequest,
@@ -38,7 +39,6 @@ from lorafleet.proto.adapters import (
 from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
 from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
-from lorafleet.proto.placement import RendezvousCache, chosen_instances, plan_copies
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.load_report import LoadReport

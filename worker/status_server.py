@@ -24,9 +24,9 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from lorafleet.discovery.nats_connection import NatsConnection
-from lorafleet.proto.auth import bearer_token_accepted
+from lorafleet.process.auth import bearer_token_accepted
+from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
 from lorafleet.proto.errors import (
     ErrorInfo,
     InvalidRequestError,

@@ -32,7 +32,7 @@ async def test_records_of_a_killed_process_vanish_within_ttl(etcd_url, etcd, nam
     key = f"v1/instances/{namespace}/backend/generate/1"
     owner = textwrap.dedent(f"""
         import asyncio, sys
-        from lorafleet.discovery.logs import configure_logging
+        from lorafleet.process.logs import configure_logging
         configure_logging(process="owner")
         from lorafleet.discovery.client import ETCD_OP_TIMEOUT_S, connect_etcd
         from lorafleet.discovery.lease import LeaseKeeper

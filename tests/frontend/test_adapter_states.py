@@ -21,11 +21,11 @@ import pytest
 
 from lorafleet.discovery.keys import load_key
 from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.fleet.placement import rendezvous_order
 from lorafleet.frontend.__main__ import build_parser, config_from_args
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.launch.cli import main as lorafleet
 from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
-from lorafleet.proto.placement import rendezvous_order
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import COMPONENT, ENDPOINT, StandInWorker
 from tests.frontend.test_on_demand import (

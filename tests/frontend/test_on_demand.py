@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.fleet.placement import rendezvous_order
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.proto.discovery import decode_card
-from lorafleet.proto.placement import rendezvous_order
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 from tests.processes import ServiceProcess

@@ -14,7 +14,7 @@ import msgspec
 import nats
 import pytest
 
-from lorafleet.proto.auth import bearer_header
+from lorafleet.process.auth import bearer_header
 from lorafleet.proto.discovery import decode_card, decode_instance
 from lorafleet.proto.inference import UpdateReply, UpdateRequest, encode_msg
 from tests.worker.adapters import make_adapter_dir

@@ -11,9 +11,9 @@ import pytest
 
 from lorafleet.discovery.keys import card_prefix
 from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.fleet.placement import LOAD_BOUND_EPS, chosen_instances, rendezvous_order
 from lorafleet.proto.adapters import AdapterSpec
 from lorafleet.proto.discovery import decode_card
-from lorafleet.proto.placement import LOAD_BOUND_EPS, chosen_instances, rendezvous_order
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (
     assert_invariant_everywhere,

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
+from lorafleet.fleet.placement import IN_USE_RPS
 from lorafleet.proto.fleet_load import InstanceLoad
-from lorafleet.proto.placement import IN_USE_RPS
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import (

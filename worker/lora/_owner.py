@@ -11,7 +11,7 @@ import secrets
 import socket
 from typing import Final
 
-from lorafleet.discovery.pids import pid_alive
+from lorafleet.process.pids import pid_alive
 
 __all__ = ["owner_alive", "owner_tag"]
 

@@ -2,9 +2,7 @@
 
 The worker and the frontend run in containers configured by environment, and by hand with
 flags; every flag of theirs has a variable. ``env_option`` states the pair once: the flag, its
-variable, its default and its help, which names the variable. ``add_connection_flags`` holds
-the flags both processes share (namespace, etcd, NATS, start-up and header timeouts), and
-``connection_args`` reads them back.
+variable, its default and its help, which names the variable.
 
 An empty variable counts as unset. A variable's text is parsed as the flag's would be, and a
 bad value stops the process with one usage line naming the variable, never a traceback.
@@ -15,23 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Collection
-from typing import Any, Final, TypedDict
+from typing import Any, Final
 
-from lorafleet.discovery.header_timeout import DEFAULT_HEADER_TIMEOUT_S
-from lorafleet.discovery.keys import DEFAULT_NAMESPACE
-from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
-from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
-from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
-
-__all__ = [
-    "ConnectionArgs",
-    "FlagSpec",
-    "add_connection_flags",
-    "add_env_options",
-    "connection_args",
-    "env_flag",
-    "env_option",
-]
+__all__ = ["FlagSpec", "add_env_options", "env_flag", "env_option"]
 
 _TRUE: Final = {"1", "true", "yes", "on"}
 
@@ -92,41 +76,3 @@ def add_env_options(parser: argparse.ArgumentParser, specs: tuple[FlagSpec, ...]
     """``env_option`` for each row of ``specs``, in order."""
     for flag, variable, default, parse, text in specs:
         env_option(parser, flag, variable, default, text, parse=parse)
-
-
-class ConnectionArgs(TypedDict):
-    """What ``add_connection_flags`` parsed, as the config fields of the same names."""
-
-    namespace: str
-    etcd: EtcdSettings
-    nats_server: str
-    connect_timeout_s: float
-    header_timeout_s: float
-
-
-def connection_args(args: argparse.Namespace) -> ConnectionArgs:
-    """The connection fields of a config from parsed flags (``ETCD_AUTH_*`` and TLS from the
-    environment), e.g. ``FrontendConfig(**connection_args(args), router=...)``."""
-    return ConnectionArgs(
-        namespace=args.namespace,
-        etcd=EtcdSettings.from_env(endpoints=args.etcd_endpoints),
-        nats_server=args.nats_server,
-        connect_timeout_s=args.connect_timeout_s,
-        header_timeout_s=args.header_timeout_s,
-    )
-
-
-def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags every process that joins a fleet has: where etcd and NATS are, and how long
-    start-up waits for them (``--namespace``, ``--etcd-endpoints``, ``--nats-server``,
-    ``--connect-timeout-s``, ``--header-timeout-s``)."""
-    env_option(parser, "--namespace", "DYN_NAMESPACE", DEFAULT_NAMESPACE,
-               "the fleet's namespace in etcd and NATS")  # fmt: skip
-    env_option(parser, "--etcd-endpoints", "ETCD_ENDPOINTS", DEFAULT_ETCD_ENDPOINTS,
-               "comma-separated etcd URLs")  # fmt: skip
-    env_option(parser, "--nats-server", "NATS_SERVER", DEFAULT_NATS_SERVER,
-               "comma-separated NATS URLs")  # fmt: skip
-    env_option(parser, "--connect-timeout-s", "DYN_CONNECT_TIMEOUT_S", DEFAULT_CONNECT_TIMEOUT_S,
-               "start-up wait for etcd and NATS each, then exit 1", parse=float)  # fmt: skip
-    env_option(parser, "--header-timeout-s", "DYN_HEADER_TIMEOUT_S", DEFAULT_HEADER_TIMEOUT_S,
-               "close connections with no request head by then", parse=float)  # fmt: skip

@@ -4,9 +4,7 @@
 else a readable console format. ``LOG_LEVEL`` sets the threshold. Libraries'
 lines (nats-py, uvicorn, asyncio, grpc's Python side), warnings, and exceptions
 nobody caught (main thread, other threads, ``__del__``) take the same path, so a
-traceback is a field of one line, never lines of its own. It lives in
-``discovery`` because both the worker and the frontend need it and neither may
-import the other.
+traceback is a field of one line, never lines of its own.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from lorafleet.discovery.build_info import lorafleet_version
+from lorafleet.process.build_info import lorafleet_version
 
 __all__ = ["HelpFormatter", "add_version"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from lorafleet.proto.placement import (
+from lorafleet.fleet.placement import (
     LOAD_BOUND_EPS,
     RendezvousCache,
     chosen_instances,

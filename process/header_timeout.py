@@ -2,9 +2,9 @@
 
 uvicorn closes idle keep-alive connections, but never one that sends nothing, or half
 a request line, after it opens: 2,000 such connections stayed open on a frontend. The
-worker's status server and the frontend both serve through this protocol. It lives in
-``discovery`` beside ``logs`` because both processes need it and neither may import
-the other. Only the request head is timed: bodies are bounded by the shutdown grace.
+worker's status server and the frontend both serve through this protocol, which is why it
+lives in ``process``. Only the request head is timed: bodies are bounded by the shutdown
+grace.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar, Final
 
-from lorafleet.discovery.response_head import HeadWithBodyProtocol
+from lorafleet.process.response_head import HeadWithBodyProtocol
 
 __all__ = ["DEFAULT_HEADER_TIMEOUT_S", "HeaderTimeoutProtocol", "with_header_timeout"]
 

@@ -5,8 +5,8 @@ sends ``http.response.start``, and the body at ``http.response.body``: two write
 system calls, for every whole answer (a tenth of the frontend's CPU at concurrency 64,
 ``bench/README.md``). Here each request's first write is held until its next write
 joins it, or until the event loop's next turn when none comes in this one (a stream
-whose body waits, a 100-continue), so nothing waits longer than that turn. It lives
-in ``discovery`` beside ``header_timeout``, whose protocol builds on it.
+whose body waits, a 100-continue), so nothing waits longer than that turn.
+``header_timeout``'s protocol builds on it.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 
 import structlog
 
-from lorafleet.discovery.logs import console_renderer
+from lorafleet.process.logs import console_renderer
 
 PROGRAM = textwrap.dedent("""
     import logging, structlog
-    from lorafleet.discovery.logs import configure_logging
+    from lorafleet.process.logs import configure_logging
     configure_logging(process="frontend")
     structlog.get_logger("lorafleet").warning("worker gone", worker="w1")
     logging.getLogger("uvicorn.error").error("Application startup failed. Exiting.")
@@ -46,7 +46,7 @@ def test_json_logs_give_one_object_per_line_for_our_and_library_loggers():
 
 STRAY = textwrap.dedent("""
     import gc, threading, warnings
-    from lorafleet.discovery.logs import configure_logging
+    from lorafleet.process.logs import configure_logging
     configure_logging(process="worker")
 
     class Leaky:
