@@ -55,6 +55,9 @@ class LoraInfo(msgspec.Struct, kw_only=True, frozen=True):
     base_model: str
     uri: str = ""
     local_path: str = ""
+    digest: str = ""
+    """The content digest of the weights the engine holds (``sha256:<hex>``,
+    ``worker.lora.digest``); empty from a worker that predates versions."""
 
 
 class ModelDeploymentCard(msgspec.Struct, kw_only=True, frozen=True):
