@@ -87,7 +87,8 @@ test-chaos: $(STAMP)
 	$(VENV)/bin/python -m pytest -p no:cacheprovider --timeout 1800 tests/chaos
 
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;
-# installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
+# installs Debian's docker.io and debootstrap when missing), started with exactly the
+# README's `docker compose up --build --wait` and no variable set. See docs/compose.md.
 test-compose: $(STAMP)
 	$(VENV)/bin/python -m pip install -q -e '.[containers]'
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -x -s --timeout 3600 tests/compose/e2e_stack.py

@@ -73,6 +73,8 @@ class Setting:
     """Markdown the README adds after ``help`` (links, details too long for ``--help``)."""
     many: bool = False
     """The flag may be repeated; ``parse`` gets every text."""
+    secret: bool = False
+    """Kept out of ``repr``; besides ``env``, ``{env}_FILE`` may name a file holding it."""
 
     @property
     def label(self) -> str:
@@ -90,11 +92,13 @@ def setting(
 ) -> Any:
     """A dataclass field that a person may set; ``how`` are ``Setting``'s fields.
 
-    ``secret`` keeps the value out of ``repr``; give secrets no flag (command lines are
-    visible to every user of the machine).
+    ``secret`` keeps the value out of ``repr`` and lets ``{env}_FILE`` name a file that holds
+    it (Docker's secrets, compose's generated admin token); give secrets no flag (command
+    lines are visible to every user of the machine).
     """
+    spec = Setting(secret=secret, **how)
     return dataclasses.field(
-        default=default, default_factory=factory, repr=not secret, metadata={_KEY: Setting(**how)}
+        default=default, default_factory=factory, repr=not secret, metadata={_KEY: spec}
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeVar
 
 import msgspec
@@ -95,7 +96,8 @@ def setting_rows(cls: type[Settings]) -> Iterator[SettingRow]:
         if item.base is bool and item.default is False:
             shown = "off"
         default = "required" if item.required else "unset" if shown is None else f"`{shown}`"
-        meaning = " ".join(part for part in (_sentence(spec.help), spec.more) if part)
+        file = f"Or `{spec.env}_FILE`: a file that holds it." if spec.secret and spec.env else ""
+        meaning = " ".join(part for part in (_sentence(spec.help), spec.more, file) if part)
         flag = f"`{spec.flag}`" if spec.flag else ""
         yield SettingRow(f"`{spec.env}`" if spec.env else "", flag, default, meaning)
 
@@ -110,9 +112,20 @@ def _text(item: Declared, flagged: Any) -> tuple[Any, str] | None:
     raw = os.environ.get(spec.env) if spec.env else None
     if raw:
         return raw, spec.env or ""
+    if spec.secret and spec.env and os.environ.get(f"{spec.env}_FILE"):
+        return _read_secret(f"{spec.env}_FILE")
     if spec.parse is not None and spec.shown is not None:
         return spec.shown, "default"
     return None
+
+
+def _read_secret(variable: str) -> tuple[str, str]:
+    """The text of the file that ``variable`` names, without its trailing newline."""
+    path = Path(os.environ[variable])
+    try:
+        return path.read_text().strip(), variable
+    except OSError as exc:
+        raise ValueError(f"{variable}={str(path)!r}: cannot read it ({exc.strerror})") from None
 
 
 def _value(item: Declared, text: Any, source: str) -> Any:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from lorafleet.frontend.__main__ import build_parser as frontend_parser
+from lorafleet.frontend.__main__ import config_from_args
+from lorafleet.frontend.__main__ import main as frontend_main
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.process.settings_cli import setting_rows
 from lorafleet.worker.config import WorkerConfig, parse_worker_args
@@ -85,3 +87,25 @@ def test_secrets_have_no_flag_and_stay_out_of_repr() -> None:
     assert "s3cret" not in repr(config)
     help_text = " ".join(frontend_parser().format_help().split())
     assert not re.search(r"--admin-token|--worker-token", help_text)
+
+
+def test_a_secret_comes_from_its_variable_else_from_the_file_its_FILE_variable_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "admin_token"
+    token_file.write_text("from-the-file\n")
+    monkeypatch.setenv("DYN_ADMIN_TOKEN_FILE", str(token_file))
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", "")  # empty: unset, as compose passes it
+    assert config_from_args(frontend_parser().parse_args([])).admin_token == "from-the-file"
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", "from-the-variable")
+    assert config_from_args(frontend_parser().parse_args([])).admin_token == "from-the-variable"
+
+
+def test_an_unreadable_secret_file_stops_the_frontend_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("DYN_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("DYN_ADMIN_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit):
+        frontend_main([])
+    assert "DYN_ADMIN_TOKEN_FILE=" in capsys.readouterr().err
