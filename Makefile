@@ -75,10 +75,7 @@ promtool:
 		{ apt-get download prometheus || { apt-get update -q && apt-get download prometheus; }; } && \
 		dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb; }
 
-test: $(STAMP) promtool
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+test: lint promtool
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
@@ -116,5 +113,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# .lorafleet/ goes too (lorafleet up's servers and data, the demo model's build, promtool),
+# all but compose-secrets.env: etcd's volume of a compose.secure.yaml stack keeps the
+# passwords it holds (delete it by hand after `docker compose ... down --volumes`).
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache build dist
+	test ! -d .lorafleet || find .lorafleet -mindepth 1 -maxdepth 1 \
+		-not -name compose-secrets.env -exec rm -rf {} +
