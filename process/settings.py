@@ -73,14 +73,17 @@ class Setting:
     """Markdown the README adds after ``help`` (links, details too long for ``--help``)."""
     many: bool = False
     """The flag may be repeated; ``parse`` gets every text."""
+    metavar: str | None = None
+    """How ``--help`` names the value; default: the flag's name in capitals."""
     secret: bool = False
     """Kept out of ``repr``; besides ``env``, ``{env}_FILE`` may name a file holding it."""
 
     @property
     def label(self) -> str:
         """How errors name the setting: ``--system-port (DYN_SYSTEM_PORT)``."""
-        return " ".join(f"({part})" if part == self.env and self.flag else part
-                        for part in (self.flag, self.env) if part)  # fmt: skip
+        if self.flag and self.env:
+            return f"{self.flag} ({self.env})"
+        return self.flag or self.env or ""
 
 
 def setting(

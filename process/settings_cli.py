@@ -47,7 +47,7 @@ def add_settings(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
         spec = item.spec
         if spec is None or spec.flag is None:
             continue
-        metavar = spec.flag.removeprefix("--").replace("-", "_").upper()
+        metavar = spec.metavar or spec.flag.removeprefix("--").replace("-", "_").upper()
         kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": _help(item)}
         if item.base is bool:
             kwargs |= {"action": "store_const", "const": "true"}

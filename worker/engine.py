@@ -107,6 +107,7 @@ class EngineConfig(Settings):
     )  # fmt: skip
     options: Mapping[str, Any] = setting(
         factory=dict, flag="--engine-option", many=True, parse=parse_engine_options,
+        metavar="KEY=JSON",
         help="engine-specific option KEY=JSON, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
         more="mocker: `fail_add_adapter`, `fail_remove_adapter`, `add_adapter_delay_s`, "
         "`endpoint_ready_delay_s`, `fail_on_endpoint_ready`, `output_tokens`. hf: "
