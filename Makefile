@@ -75,10 +75,7 @@ promtool:
 		{ apt-get download prometheus || { apt-get update -q && apt-get download prometheus; }; } && \
 		dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb; }
 
-test: $(STAMP) promtool
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy
+test: lint promtool
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
@@ -87,7 +84,8 @@ test-chaos: $(STAMP)
 	$(VENV)/bin/python -m pytest -p no:cacheprovider --timeout 1800 tests/chaos
 
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;
-# installs Debian's docker.io and debootstrap when missing). See docs/compose.md.
+# installs Debian's docker.io and debootstrap when missing), started with exactly the
+# README's `docker compose up --build --wait` and no variable set. See docs/compose.md.
 test-compose: $(STAMP)
 	$(VENV)/bin/python -m pip install -q -e '.[containers]'
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -x -s --timeout 3600 tests/compose/e2e_stack.py
@@ -115,5 +113,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# .lorafleet/ goes too (lorafleet up's servers and data, the demo model's build, promtool),
+# all but compose-secrets.env: etcd's volume of a compose.secure.yaml stack keeps the
+# passwords it holds (delete it by hand after `docker compose ... down --volumes`).
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) .pytest_cache .ruff_cache .mypy_cache build dist
+	test ! -d .lorafleet || find .lorafleet -mindepth 1 -maxdepth 1 \
+		-not -name compose-secrets.env -exec rm -rf {} +

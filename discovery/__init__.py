@@ -12,10 +12,8 @@ from lorafleet.discovery.connect import (
     wait_for_etcd,
     wait_for_nats,
 )
-from lorafleet.discovery.connection_flags import (
-    ConnectionArgs,
-    add_connection_flags,
-    connection_args,
+from lorafleet.discovery.connection_settings import (
+    ConnectionSettings,
 )
 from lorafleet.discovery.errors import (
     EtcdRefusedError,
@@ -81,7 +79,7 @@ from lorafleet.discovery.watch_cache import (
 __all__ = [
     "ADAPTERS_ROOT",
     "ConnectTimeoutError",
-    "ConnectionArgs",
+    "ConnectionSettings",
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_ETCD_ENDPOINTS",
     "DEFAULT_INBOX_PREFIX",
@@ -115,12 +113,10 @@ __all__ = [
     "WatchListener",
     "adapter_key",
     "adapters_prefix",
-    "add_connection_flags",
     "base_card_key",
     "card_prefix",
     "connect_etcd",
     "connect_with_retry",
-    "connection_args",
     "instance_key",
     "instance_prefix",
     "load_key",

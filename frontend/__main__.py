@@ -2,9 +2,10 @@
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
-a command line. The admin token comes only from ``DYN_ADMIN_TOKEN``, the
-workers' token only from ``DYN_SYSTEM_AUTH_TOKEN`` (never flags: command lines
-are visible to every user of the machine).
+a command line (``frontend/config.py`` declares them). The admin token comes only from
+``DYN_ADMIN_TOKEN`` or the file ``DYN_ADMIN_TOKEN_FILE`` names, the workers' token only
+from ``DYN_SYSTEM_AUTH_TOKEN`` or its ``_FILE`` (never flags: command lines are visible to
+every user of the machine).
 """
 
 from __future__ import annotations
@@ -13,84 +14,38 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Final
 
 import uvicorn
 from litestar import Litestar
 
-from lorafleet.discovery.connection_flags import add_connection_flags, connection_args
 from lorafleet.frontend.app import create_app
-from lorafleet.frontend.config import (
-    DEFAULT_HTTP_PORT,
-    DEFAULT_ON_DEMAND_TIMEOUT_S,
-    DEFAULT_SHUTDOWN_GRACE_S,
-    FrontendConfig,
-)
-from lorafleet.frontend.dispatcher import DispatchSettings
-from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
-from lorafleet.frontend.router import ROUTERS
+from lorafleet.frontend.config import FrontendConfig
 from lorafleet.process.cli_help import HelpFormatter, add_version
-from lorafleet.process.flags import FlagSpec, add_env_options, env_option
 from lorafleet.process.header_timeout import with_header_timeout
 from lorafleet.process.logs import configure_logging
+from lorafleet.process.settings_cli import add_settings, parse_settings, settings_from_args
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
 
-_FLAGS: Final[tuple[FlagSpec, ...]] = (
-    ("--http-host", "DYN_HTTP_HOST", "0.0.0.0", str, ""),
-    ("--http-port", "DYN_HTTP_PORT", DEFAULT_HTTP_PORT, int, ""),
-    ("--stall-timeout-s", "DYN_STALL_TIMEOUT_S", 1.0, float,
-     "silence after which a worker is pinged"),
-    ("--max-attempts", "DYN_MAX_ATTEMPTS", 3, int, "instances tried per request"),
-    ("--migration-limit", "DYN_MIGRATION_LIMIT", 3, int,
-     "times one stream may continue on another instance when its own is lost; 0: never"),
-    ("--on-demand-timeout-s", "DYN_ON_DEMAND_TIMEOUT_S", DEFAULT_ON_DEMAND_TIMEOUT_S, float,
-     "how long a request for a cold adapter waits for its load"),
-    ("--on-demand-queue", "DYN_ON_DEMAND_QUEUE", DEFAULT_ON_DEMAND_QUEUE, int,
-     "requests that may wait for one adapter's on-demand load; 429 beyond"),
-    ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_S, float,
-     "on SIGTERM, cancel requests still running after this"),
-)  # fmt: skip
-"""The frontend's own flags; ``add_connection_flags`` adds those it shares with workers."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The frontend's flags; each defaults to its environment variable."""
+    """The frontend's command line: one flag per setting that has one."""
     parser = argparse.ArgumentParser(
         prog="lorafleet frontend", formatter_class=HelpFormatter,
         description="Run the OpenAI-compatible frontend. Every flag has an environment variable.",
     )  # fmt: skip
     add_version(parser)
-    add_connection_flags(parser)
-    add_env_options(parser, _FLAGS)
-    env_option(parser, "--router", "DYN_ROUTER_MODE", "round-robin", choices=sorted(ROUTERS))
+    add_settings(parser, FrontendConfig)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     """A validated config from parsed flags (raises ValueError naming the bad one)."""
-    return FrontendConfig(
-        **connection_args(args),
-        router=args.router,
-        http_host=args.http_host,
-        http_port=args.http_port,
-        dispatch=DispatchSettings(
-            stall_s=args.stall_timeout_s,
-            max_attempts=args.max_attempts,
-            migration_limit=args.migration_limit,
-        ),
-        on_demand_timeout_s=args.on_demand_timeout_s,
-        on_demand_queue=args.on_demand_queue,
-        shutdown_grace_s=args.shutdown_grace,
-        admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
-        worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
-    )
+    return settings_from_args(FrontendConfig, args)
 
 
 class _Server(uvicorn.Server):
@@ -132,12 +87,7 @@ class _ExplainedStartupFailure(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, configure logging and serve until SIGTERM/SIGINT."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    config = parse_settings(build_parser(), FrontendConfig, argv)
     configure_logging(process="frontend")
     app = create_app(config)
     logging.getLogger("uvicorn.error").addFilter(_ExplainedStartupFailure(app))

@@ -1,33 +1,28 @@
-"""The frontend's configuration, validated once; flags and environment fill it in ``__main__``."""
+"""The frontend's settings, each declared once: its command line, its variables, its
+``--help``, its checks and the README's table all come from these fields.
+
+``FrontendConfig`` adds the frontend's own settings to the ones every process shares
+(``ConnectionSettings``), and holds ``DispatchSettings`` (``frontend/dispatcher.py``: stall,
+attempts, migration), declared beside the code that reads it. Adding a setting is one
+``setting(...)`` field on the class that uses it (``process/settings.py``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Annotated
 
-from lorafleet.discovery.keys import DEFAULT_NAMESPACE
-from lorafleet.discovery.nats_settings import DEFAULT_NATS_SERVER
-from lorafleet.discovery.settings import EtcdSettings
-from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
+from lorafleet.discovery.connection_settings import ConnectionSettings
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.router import ROUTERS
-from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from lorafleet.process.settings import AT_LEAST_ONE, PORT, POSITIVE, setting
 
-__all__ = [
-    "DEFAULT_HTTP_PORT",
-    "DEFAULT_ON_DEMAND_TIMEOUT_S",
-    "DEFAULT_SHUTDOWN_GRACE_S",
-    "FrontendConfig",
-]
-
-DEFAULT_HTTP_PORT: Final = 8000
-DEFAULT_ON_DEMAND_TIMEOUT_S: Final = 60.0
-DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
+__all__ = ["FrontendConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class FrontendConfig:
+class FrontendConfig(ConnectionSettings):
     """Where the frontend finds etcd and NATS, which namespace it serves, how it routes.
 
     Examples::
@@ -40,39 +35,38 @@ class FrontendConfig:
         FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
     """
 
-    namespace: str = DEFAULT_NAMESPACE
-    etcd: EtcdSettings = field(default_factory=EtcdSettings)
-    """``ETCD_ENDPOINTS`` and the ``ETCD_AUTH_*`` credentials and TLS files."""
-    nats_server: str = DEFAULT_NATS_SERVER
-    router: str = "round-robin"
-    http_host: str = "0.0.0.0"
-    http_port: int = DEFAULT_HTTP_PORT
+    http_host: str = setting(
+        "0.0.0.0", flag="--http-host", env="DYN_HTTP_HOST", help="the address to listen on"
+    )
+    http_port: Annotated[int, PORT] = setting(
+        8000, flag="--http-port", env="DYN_HTTP_PORT", help="the frontend's HTTP port"
+    )
+    router: str = setting(
+        "round-robin", flag="--router", env="DYN_ROUTER_MODE", choices=tuple(ROUTERS),
+        help="how base-model requests pick an instance; adapters always go to the least busy "
+        "instance that has them",
+    )  # fmt: skip
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
-    on_demand_timeout_s: float = DEFAULT_ON_DEMAND_TIMEOUT_S
-    """How long a request for a cold adapter waits for its on-demand load."""
-    on_demand_queue: int = DEFAULT_ON_DEMAND_QUEUE
-    """How many requests may wait for one adapter's on-demand load; 429 beyond."""
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    """How long start-up waits for each of NATS and etcd before the process exits 1."""
-    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
-    """On SIGTERM, requests still running after this long are cancelled."""
-    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
-    """Connections that send no complete request head within this long are closed."""
-    admin_token: str | None = field(default=None, repr=False)
-    """Bearer token the mutating ``/v1/adapters`` routes require (``DYN_ADMIN_TOKEN``)."""
-    worker_token: str | None = field(default=None, repr=False)
-    """The workers' ``DYN_SYSTEM_AUTH_TOKEN``, sent with on-demand loads over NATS."""
-
-    def __post_init__(self) -> None:
-        if not self.namespace or "/" in self.namespace or "." in self.namespace:
-            raise ValueError(f"namespace {self.namespace!r} must be non-empty, without '/' or '.'")
-        if self.router not in ROUTERS:
-            raise ValueError(f"unknown router {self.router!r}; choose one of {', '.join(ROUTERS)}")
-        if not 0 <= self.http_port <= 65535:
-            raise ValueError(f"http_port {self.http_port} is not a TCP port")
-        if self.on_demand_queue < 1:
-            raise ValueError(f"on_demand_queue must be at least 1, got {self.on_demand_queue}")
-        for name in ("on_demand_timeout_s", "connect_timeout_s", "shutdown_grace_s",
-                     "header_timeout_s"):  # fmt: skip
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    on_demand_timeout_s: Annotated[float, POSITIVE] = setting(
+        60.0, flag="--on-demand-timeout-s", env="DYN_ON_DEMAND_TIMEOUT_S",
+        help="seconds a request for a cold adapter waits for its on-demand load",
+    )  # fmt: skip
+    on_demand_queue: Annotated[int, AT_LEAST_ONE] = setting(
+        DEFAULT_ON_DEMAND_QUEUE, flag="--on-demand-queue", env="DYN_ON_DEMAND_QUEUE",
+        help="requests that may wait for one adapter's on-demand load; the next get 429 "
+        "capacity",
+    )  # fmt: skip
+    shutdown_grace_s: Annotated[float, POSITIVE] = setting(
+        10.0, flag="--shutdown-grace", env="DYN_SHUTDOWN_GRACE",
+        help="seconds requests still running after SIGTERM get before they are cancelled",
+    )  # fmt: skip
+    admin_token: str | None = setting(
+        None, env="DYN_ADMIN_TOKEN", secret=True,
+        help="when set, /v1/adapters writes and vLLM's LoRA routes need Authorization: Bearer "
+        "<token>; unset, they are open and the frontend warns at start",
+        more="`lorafleet lora apply/delete` send it.",
+    )  # fmt: skip
+    worker_token: str | None = setting(
+        None, env="DYN_SYSTEM_AUTH_TOKEN", secret=True,
+        help="the workers' token, sent with the frontend's on-demand loads over NATS",
+    )  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Annotated, Final
 
 import structlog
 
@@ -23,6 +23,7 @@ from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.request_plane import Reply, RequestPlane
 from lorafleet.frontend.router import Router
 from lorafleet.frontend.token_stream import Lookup, TokenStream
+from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Settings, setting
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import LorafleetError, error_from_info
 from lorafleet.proto.inference import (
@@ -50,8 +51,8 @@ whose NATS node died is back on another node within tens of milliseconds."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class DispatchSettings:
-    """How patient the dispatcher is.
+class DispatchSettings(Settings):
+    """How patient the dispatcher is; the frontend's flags for it are declared here.
 
     Examples::
 
@@ -60,21 +61,22 @@ class DispatchSettings:
         DispatchSettings(migration_limit=0)              # streams never change instance
     """
 
-    stall_s: float = 1.0
-    ping_timeout_s: float = 2.0
-    max_attempts: int = 3
-    quarantine_s: float = 5.0
+    stall_s: Annotated[float, POSITIVE] = setting(
+        1.0, flag="--stall-timeout-s", env="DYN_STALL_TIMEOUT_S",
+        help="seconds of silence from a worker after which the frontend pings it",
+    )  # fmt: skip
+    ping_timeout_s: Annotated[float, POSITIVE] = 2.0
+    max_attempts: Annotated[int, AT_LEAST_ONE] = setting(
+        3, flag="--max-attempts", env="DYN_MAX_ATTEMPTS",
+        help="how many instances are tried per request",
+    )  # fmt: skip
+    quarantine_s: Annotated[float, NON_NEGATIVE] = 5.0
     """How long an instance that was lost gets no new requests (unless no other is left)."""
-    migration_limit: int = 3
-    """How often one stream may continue on another instance (``DYN_MIGRATION_LIMIT``)."""
-
-    def __post_init__(self) -> None:
-        if self.stall_s <= 0 or self.ping_timeout_s <= 0 or self.quarantine_s < 0:
-            raise ValueError("stall_s and ping_timeout_s must be positive, quarantine_s >= 0")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.migration_limit < 0:
-            raise ValueError(f"migration_limit must be at least 0, got {self.migration_limit}")
+    migration_limit: Annotated[int, NON_NEGATIVE] = setting(
+        3, flag="--migration-limit", env="DYN_MIGRATION_LIMIT",
+        help="how many times one stream may continue on another instance when its own is "
+        "lost; 0: never",
+    )  # fmt: skip
 
 
 @dataclass(kw_only=True)

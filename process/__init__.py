@@ -1,5 +1,6 @@
-"""What every lorafleet process needs besides its planes: flags, logs, CLI help, build info,
-pid checks, uvicorn protocols, the retry backoff and the bearer-token rule.
+"""What every lorafleet process needs besides its planes: settings (declared once, with
+flags and variables), logs, CLI help, build info, pid checks, uvicorn protocols, the retry
+backoff and the bearer-token rule.
 
 Imports no other lorafleet package, so that every other package may import it."""
 
@@ -19,12 +20,6 @@ from lorafleet.process.cli_help import (
     HelpFormatter,
     add_version,
 )
-from lorafleet.process.flags import (
-    FlagSpec,
-    add_env_options,
-    env_flag,
-    env_option,
-)
 from lorafleet.process.header_timeout import (
     DEFAULT_HEADER_TIMEOUT_S,
     HeaderTimeoutProtocol,
@@ -40,25 +35,59 @@ from lorafleet.process.pids import (
 from lorafleet.process.response_head import (
     HeadWithBodyProtocol,
 )
+from lorafleet.process.settings import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    PORT,
+    POSITIVE,
+    Declared,
+    Setting,
+    Settings,
+    declared,
+    groups,
+    setting,
+    shown_default,
+    walk,
+)
+from lorafleet.process.settings_cli import (
+    SettingRow,
+    add_settings,
+    parse_settings,
+    setting_rows,
+    settings_from_args,
+)
 
 __all__ = [
+    "AT_LEAST_ONE",
     "AUTHORIZATION_HEADER",
     "DEFAULT_HEADER_TIMEOUT_S",
-    "FlagSpec",
+    "Declared",
     "HeadWithBodyProtocol",
     "HeaderTimeoutProtocol",
     "HelpFormatter",
-    "add_env_options",
+    "NON_NEGATIVE",
+    "PORT",
+    "POSITIVE",
+    "Setting",
+    "SettingRow",
+    "Settings",
+    "add_settings",
     "add_version",
     "backoff_s",
     "bearer_header",
     "bearer_token_accepted",
     "configure_logging",
     "console_renderer",
-    "env_flag",
-    "env_option",
+    "declared",
+    "groups",
     "lorafleet_version",
+    "parse_settings",
     "pid_alive",
     "python_version",
+    "setting",
+    "setting_rows",
+    "settings_from_args",
+    "shown_default",
+    "walk",
     "with_header_timeout",
 ]

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 import msgspec
+from msgspec import Meta
 
+from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, Settings, setting
 from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig
 from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from lorafleet.proto.naming import lora_slug
@@ -27,9 +30,24 @@ __all__ = [
     "EngineRoute",
     "LLMEngine",
     "ModelEndpoint",
+    "parse_engine_options",
 ]
 
 Body = TypeVar("Body", bound=msgspec.Struct)
+
+
+def parse_engine_options(pairs: list[str]) -> dict[str, Any]:
+    """``--engine-option KEY=JSON`` texts as a dict; a value that is not JSON stays text."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-option {pair!r} must look like KEY=JSON")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
 
 
 @dataclass(frozen=True)
@@ -47,8 +65,8 @@ class EngineRoute(Generic[Body]):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """What every engine is built from, validated once.
+class EngineConfig(Settings):
+    """What every engine is built from, validated once; the worker's engine flags.
 
     Examples::
 
@@ -57,21 +75,45 @@ class EngineConfig:
         EngineConfig(model="demo", served_model_name="chat", options={"time_per_token_s": 0.01})
     """
 
-    model: str
-    served_model_name: str | None = None
-    enable_lora: bool = False
-    max_loras: int = 4
-    max_lora_rank: int = 64
-    context_length: int = 2048
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model must be a non-empty path or name")
-        if self.max_loras < 1:
-            raise ValueError(f"max_loras must be at least 1, got {self.max_loras}")
-        if self.max_lora_rank < 1:
-            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+    model: Annotated[str, Meta(min_length=1)] = setting(
+        flag="--model", env="DYN_MODEL", help="the model's path or name",
+    )  # fmt: skip
+    served_model_name: str | None = setting(
+        None, flag="--served-model-name", env="DYN_SERVED_MODEL_NAME",
+        help="the name clients put in model; default: --model",
+    )  # fmt: skip
+    enable_lora: bool = setting(
+        False, flag="--enable-lora", env="DYN_ENABLE_LORA",
+        help="serve LoRA adapters; LoRA management also needs DYN_LORA_ENABLED=true in the "
+        "environment",
+    )  # fmt: skip
+    max_loras: Annotated[int, AT_LEAST_ONE] = setting(
+        4, flag="--max-loras", env="DYN_MAX_LORAS", help="adapter slots: adapters loaded at once",
+        more="A full worker evicts the idle, unpinned adapter the fleet asks least for (least "
+        "recently used breaks ties), never the last warm copy of one in use "
+        "([`docs/fleet.md`](docs/fleet.md)).",
+    )  # fmt: skip
+    max_lora_rank: Annotated[int, AT_LEAST_ONE] = setting(
+        64, flag="--max-lora-rank", env="DYN_MAX_LORA_RANK",
+        help="the largest adapter rank accepted",
+    )  # fmt: skip
+    context_length: int = setting(
+        2048, flag="--context-length", env="DYN_CONTEXT_LENGTH",
+        help="tokens of prompt plus output",
+    )  # fmt: skip
+    mocker_time_per_token_s: Annotated[float, NON_NEGATIVE] = setting(
+        0.0, flag="--mocker-time-per-token-s", env="DYN_MOCKER_TIME_PER_TOKEN_S",
+        help="mocker: seconds per token; an engine option time_per_token_s wins",
+    )  # fmt: skip
+    options: Mapping[str, Any] = setting(
+        factory=dict, flag="--engine-option", many=True, parse=parse_engine_options,
+        metavar="KEY=JSON",
+        help="engine-specific option KEY=JSON, e.g. fail_add_adapter='\"broken.*\"' (repeatable)",
+        more="mocker: `fail_add_adapter`, `fail_remove_adapter`, `add_adapter_delay_s`, "
+        "`endpoint_ready_delay_s`, `fail_on_endpoint_ready`, `output_tokens`. hf: "
+        "`max_batch_size`, `device`, `dtype`, `cpu_threads`. vllm: vLLM's engine arguments "
+        "([`docs/vllm_engine.md`](docs/vllm_engine.md)).",
+    )  # fmt: skip
 
     @property
     def model_name(self) -> str:

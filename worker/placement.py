@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Annotated, Final
 
 import structlog
 
@@ -29,6 +29,7 @@ from lorafleet.discovery.keys import adapters_prefix, card_prefix, load_prefix, 
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.fleet.placement import RendezvousCache, chosen_instances, plan_copies
+from lorafleet.process.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 from lorafleet.proto.adapters import (
     AdapterSpec,
     LoadLoraRequest,
@@ -66,8 +67,8 @@ class PlacementPolicy(enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlacementSettings:
-    """The worker's placement knobs (flags ``--placement-policy``, ``--lora-copy-*``).
+class PlacementSettings(Settings):
+    """The worker's placement knobs, declared once with their flags (``--lora-copy-*``).
 
     Example::
 
@@ -75,24 +76,36 @@ class PlacementSettings:
         PlacementSettings(copy_rps=2.0, cooldown_s=1.0)      # tests: copies come and go fast
     """
 
-    policy: PlacementPolicy = PlacementPolicy.BOUNDED
-    idle_unload_s: float = 300.0
-    """An adapter loaded on demand and not placed here is unloaded after this long idle."""
-    copy_rps: float = 10.0
-    """Requests per second one copy serves before the fleet wants another."""
-    cooldown_s: float = 120.0
-    """An extra copy goes only after demand stayed low this long."""
-    demand_half_life_s: float = 30.0
-    """Half-life of the demand counters."""
-    in_use_s: float = IN_USE_S
-    """An adapter used this recently is "in use": eviction keeps its last warm copy."""
-
-    def __post_init__(self) -> None:
-        for name in ("copy_rps", "cooldown_s", "demand_half_life_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.in_use_s < 0:
-            raise ValueError(f"in_use_s must not be negative, got {self.in_use_s}")
+    policy: PlacementPolicy = setting(
+        PlacementPolicy.BOUNDED, flag="--placement-policy", env="DYN_PLACEMENT_POLICY",
+        help="bounded: copies from demand, on instances with a free slot and under the load "
+        "bound; rendezvous: the old fixed replicas by hash alone (for bench.placement)",
+    )  # fmt: skip
+    idle_unload_s: float = setting(
+        300.0, flag="--lora-idle-unload-s", env="DYN_LORA_IDLE_UNLOAD_S",
+        help="seconds idle after which an adapter loaded on demand, and not placed on this "
+        "worker, is unloaded",
+    )  # fmt: skip
+    copy_rps: Annotated[float, POSITIVE] = setting(
+        10.0, flag="--lora-copy-rps", env="DYN_LORA_COPY_RPS",
+        help="requests/s one adapter copy serves; the fleet adds a copy when demand per copy "
+        "passes 70% of it (prefetch)",
+    )  # fmt: skip
+    cooldown_s: Annotated[float, POSITIVE] = setting(
+        120.0, flag="--lora-copy-cooldown-s", env="DYN_LORA_COPY_COOLDOWN_S",
+        help="seconds demand must stay below half the threshold for one fewer copy before an "
+        "extra copy goes",
+    )  # fmt: skip
+    demand_half_life_s: Annotated[float, POSITIVE] = setting(
+        30.0, flag="--lora-demand-half-life-s", env="DYN_LORA_DEMAND_HALF_LIFE_S",
+        help="half-life in seconds of the per-adapter request rates in the load records",
+    )  # fmt: skip
+    in_use_s: Annotated[float, NON_NEGATIVE] = setting(
+        IN_USE_S, flag="--lora-in-use-s", env="DYN_LORA_IN_USE_S",
+        help='seconds: an adapter with fleet demand of at least 0.1 req/s that served a request '
+        '(or loaded) this recently is "in use", and eviction keeps its last warm copy',
+        more="See [`docs/fleet.md`](docs/fleet.md).",
+    )  # fmt: skip
 
 
 class Placement:

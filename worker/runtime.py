@@ -40,7 +40,7 @@ from lorafleet.worker.engine import LLMEngine
 from lorafleet.worker.engine_registry import EngineRegistry
 from lorafleet.worker.engines import create_engine
 from lorafleet.worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
-from lorafleet.worker.placement import Placement, PlacementSettings
+from lorafleet.worker.placement import Placement
 from lorafleet.worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
 
 __all__ = ["WorkerRuntime", "run_worker"]
@@ -196,15 +196,10 @@ class WorkerRuntime:
         if not isinstance(self.engine, AdapterEngine) or self.engine.lora is None:
             return None
         cfg = self.config
-        settings = PlacementSettings(
-            policy=cfg.placement_policy, idle_unload_s=cfg.lora_idle_unload_s,
-            copy_rps=cfg.lora_copy_rps, cooldown_s=cfg.lora_copy_cooldown_s,
-            demand_half_life_s=cfg.lora_demand_half_life_s, in_use_s=cfg.lora_in_use_s,
-        )  # fmt: skip
         key = load_key(cfg.namespace, cfg.component, cfg.endpoint, lease.lease_id)
         return await Placement.start(
             etcd, lease, load_key=key, namespace=cfg.namespace, controller=self.engine.lora,
-            settings=settings,
+            settings=cfg.placement,
         )  # fmt: skip
 
     async def _shutdown(

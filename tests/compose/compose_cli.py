@@ -14,8 +14,6 @@ REPO: Final = Path(__file__).resolve().parents[2]
 COMPOSE_FILE: Final = REPO / "compose.yaml"
 HA_FILE: Final = REPO / "compose.ha.yaml"
 SECURE_FILE: Final = REPO / "compose.secure.yaml"
-ADMIN_TOKEN: Final = "compose-test-token"
-"""compose.yaml requires DYN_ADMIN_TOKEN; every check sets this one unless told not to."""
 
 
 def compose_binary() -> Path:
@@ -35,7 +33,6 @@ def compose(
     file: Path = COMPOSE_FILE,
     overrides: tuple[Path, ...] = (),
     env: dict[str, str] | None = None,
-    admin_token: str | None = ADMIN_TOKEN,
 ) -> subprocess.CompletedProcess[str]:
     """Run Compose on `file` (and `overrides` on top, in order) with the repository as
     project directory and a clean environment.
@@ -47,7 +44,6 @@ def compose(
     command = [str(compose_binary()), *files, "--project-directory", str(REPO)]
     command += ["--env-file", "/dev/null", *args]
     clean_env = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir()}
-    clean_env |= {"DYN_ADMIN_TOKEN": admin_token} if admin_token else {}
     clean_env |= env or {}
     return subprocess.run(command, capture_output=True, text=True, env=clean_env, check=False)
 

@@ -27,12 +27,12 @@ from standins import build_standins
 from tests.etcdctl_output import json_values
 
 WORKDIR: Final = Path(os.environ.get("LORAFLEET_COMPOSE_WORKDIR", "/var/tmp/lorafleet-compose"))
-UP_TIMEOUT_S: Final = 1800
 PUBLISH_TIMEOUT_S: Final = 120.0
 BASE_MODEL: Final = "demo"
 ADAPTERS: Final = ("pirate", "robot")
 WORKERS: Final = 2
-ADMIN_TOKEN: Final = "compose-e2e-token"
+TOKEN_FILE: Final = "/data/secrets/admin_token"
+"""Where compose.yaml's admin-token job puts the token it generates (no DYN_ADMIN_TOKEN set)."""
 # Tests whose shared etcd and NATS come from testcontainers on the private engine.
 CONTAINER_TESTS: Final = (
     "tests/discovery/test_lease.py", "tests/discovery/test_watch_cache.py",
@@ -82,14 +82,14 @@ def stack(engine: DockerEngine) -> Iterator[Stack]:
     env = {
         "LORAFLEET_HTTP_PORT": str(frontend_port),
         "ETCD_HOST_PORT": str(free_port()),
-        "DYN_ADMIN_TOKEN": ADMIN_TOKEN,
         "TORCH_INDEX_URL": "",  # torch's CPU wheel comes from the stand-in's local wheels
     }
     running = Stack(engine=engine, env=env, frontend_url=f"http://127.0.0.1:{frontend_port}")
     try:
-        phase(f"docker compose up --build --wait --scale worker={WORKERS} (builds the images)")
-        running.compose("up", "--build", "--wait", "--wait-timeout", str(UP_TIMEOUT_S),
-                        "--scale", f"worker={WORKERS}")  # fmt: skip
+        phase("docker compose up --build --wait (the README's command; builds the images)")
+        running.compose("up", "--build", "--wait")
+        phase(f"docker compose up --wait --scale worker={WORKERS}")
+        running.compose("up", "--wait", "--scale", f"worker={WORKERS}")
         phase("the stack is up; testing it")
         yield running
     finally:
@@ -129,13 +129,21 @@ def test_every_service_is_up_with_two_workers(stack: Stack) -> None:
     output = stack.compose("ps", "--all", "--format", "json")
     states = [json.loads(line) for line in output.splitlines()]
     assert sorted(state["Service"] for state in states) == sorted(
-        ["adapters", "etcd", "frontend", "nats", *["worker"] * WORKERS]
+        ["adapters", "admin-token", "etcd", "frontend", "nats", *["worker"] * WORKERS]
     )
     for state in states:
-        if state["Service"] == "adapters":
+        if state["Service"] in ("adapters", "admin-token"):
             assert state["ExitCode"] == 0
         else:
             assert state["Health"] == "healthy", state
+
+
+def test_the_generated_admin_token_guards_the_fleets_routes(stack: Stack) -> None:
+    url = f"{stack.frontend_url}/v1/adapters/no-such-adapter"
+    assert httpx.delete(url, timeout=30).status_code == 401
+    token = stack.compose("exec", "-T", "frontend", "cat", TOKEN_FILE).strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    assert httpx.delete(url, headers=headers, timeout=30).status_code == 404
 
 
 def test_the_fleet_loads_both_adapters_on_every_worker(stack: Stack) -> None:

@@ -6,19 +6,21 @@ reference without a Docker engine; `make test-compose` runs the stack for real.
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Final
 
 import pytest
 import yaml
-from compose_cli import ADMIN_TOKEN, COMPOSE_FILE, REPO, compose, resolved
+from compose_cli import COMPOSE_FILE, REPO, compose, resolved
 
 PROFILES: Final = ["gpu", "mocker", "monitoring"]
 MONITORING: Final = REPO / "deploy" / "monitoring"
 PROMTOOL_IN_REPO: Final = REPO / ".lorafleet" / "tools" / "usr" / "bin" / "promtool"
 PORT_BY_COMMAND: Final = {"lorafleet.worker": 8081, "lorafleet.frontend": 8000}
 """Where each lorafleet process serves /metrics inside its container."""
-DEFAULT_SERVICES: Final = {"adapters", "etcd", "frontend", "nats", "worker"}
+DEFAULT_SERVICES: Final = {"adapters", "admin-token", "etcd", "frontend", "nats", "worker"}
+TOKEN_FILE: Final = "/data/secrets/admin_token"
 
 
 def broken_copy(tmp_path: Path, old: str, new: str) -> Path:
@@ -154,13 +156,44 @@ def test_prometheus_scrapes_every_frontend_and_worker_service_on_its_metrics_por
     assert wanted and scraped == wanted
 
 
-def test_admin_token_is_required_and_reaches_the_frontend_and_the_adapters_job() -> None:
-    result = compose("config", "-q", admin_token=None)
-    assert result.returncode != 0
-    assert "DYN_ADMIN_TOKEN" in result.stderr
+def test_compose_needs_no_variable_set() -> None:
+    result = compose("config", "-q")  # a clean environment: no DYN_ADMIN_TOKEN
+    assert result.returncode == 0, result.stderr
+
+
+def test_without_a_token_the_frontend_and_the_adapters_job_read_the_generated_one() -> None:
     services = resolved()["services"]
     for name in ("frontend", "adapters"):
-        assert services[name]["environment"]["DYN_ADMIN_TOKEN"] == ADMIN_TOKEN, name
+        environment = services[name]["environment"]
+        assert environment["DYN_ADMIN_TOKEN"] == "", name  # empty counts as unset
+        assert environment["DYN_ADMIN_TOKEN_FILE"] == TOKEN_FILE, name
+        (mount,) = [m for m in services[name]["volumes"] if m["source"] == "admin-token"]
+        assert (mount["target"], mount.get("read_only")) == ("/data/secrets", True), name
+    waits = services["frontend"]["depends_on"]["admin-token"]
+    assert waits["condition"] == "service_completed_successfully"
+
+
+def test_a_token_from_the_shell_reaches_the_frontend_and_the_adapters_job() -> None:
+    services = resolved(env={"DYN_ADMIN_TOKEN": "from-the-shell"})["services"]
+    for name in ("frontend", "adapters"):
+        assert services[name]["environment"]["DYN_ADMIN_TOKEN"] == "from-the-shell", name
+
+
+def test_the_admin_token_job_makes_a_private_token_once_and_says_where(tmp_path: Path) -> None:
+    command = resolved()["services"]["admin-token"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    script = command[2].replace(TOKEN_FILE, str(tmp_path / "admin_token"), 2)  # not the echo
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    first = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env,
+                           check=True, timeout=60)  # fmt: skip
+    token_file = tmp_path / "admin_token"
+    token = token_file.read_text().strip()
+    assert len(token) == 32 and int(token, 16) >= 0
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert "docker compose exec frontend cat /data/secrets/admin_token" in first.stdout
+    assert token not in first.stdout  # where to read it, never the token itself
+    subprocess.run(["sh", "-c", script], env=env, check=True, timeout=60)
+    assert token_file.read_text().strip() == token  # kept across restarts
 
 
 def test_etcd_is_published_on_loopback_only() -> None:

@@ -83,7 +83,7 @@ def test_worker_token_is_required_and_shared_with_frontends() -> None:
 @pytest.mark.parametrize("missing", COMPOSE_SECRETS)
 def test_a_missing_secret_fails_naming_its_variable(missing: str) -> None:
     env = {name: value for name, value in SECRETS.items() if name != missing}
-    result = compose("config", "-q", overrides=(SECURE_FILE,), env=env, admin_token=None)
+    result = compose("config", "-q", overrides=(SECURE_FILE,), env=env)
     assert result.returncode != 0
     assert f"set {missing}" in result.stderr
 
@@ -114,9 +114,7 @@ def test_make_secrets_writes_every_variable_once(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o077 == 0
     assert not write_compose_secrets(path)  # kept: etcd's volume holds the first passwords
     assert path.read_text() == first
-    result = compose(
-        "--env-file", str(path), "config", "-q", overrides=(SECURE_FILE,), admin_token=None
-    )
+    result = compose("--env-file", str(path), "config", "-q", overrides=(SECURE_FILE,))
     assert result.returncode == 0, result.stderr
 
 

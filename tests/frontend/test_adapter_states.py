@@ -254,5 +254,7 @@ def test_the_wait_queue_bound_comes_from_its_flag_or_variable_and_is_at_least_on
     assert config_from_args(build_parser().parse_args([])).on_demand_queue == 32
     flagged = build_parser().parse_args(["--on-demand-queue", "8"])
     assert config_from_args(flagged).on_demand_queue == 8
-    with pytest.raises(ValueError, match="on_demand_queue must be at least 1"):
+    with pytest.raises(
+        ValueError, match=r"--on-demand-queue \(DYN_ON_DEMAND_QUEUE\) must be >= 1, got 0"
+    ):
         config_from_args(build_parser().parse_args(["--on-demand-queue", "0"]))

@@ -15,7 +15,7 @@ from lorafleet.frontend.__main__ import build_parser as frontend_parser
 from lorafleet.launch.cli import _parser as lorafleet_parser
 from lorafleet.launch.cli import main as lorafleet
 from lorafleet.launch.local_servers import free_port
-from lorafleet.worker.config import _parser as worker_parser
+from lorafleet.worker.config import build_parser as worker_parser
 
 LORAFLEET = str(Path(sys.executable).parent / "lorafleet")
 COMMANDS = [[], ["up"], ["lora"], ["models"], ["status"], ["worker"], ["frontend"]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lorafleet.frontend.__main__ import build_parser, config_from_args
+from lorafleet.frontend.__main__ import build_parser, config_from_args, main
 from lorafleet.worker.config import parse_worker_args
 
 
@@ -53,5 +53,5 @@ def test_a_bad_router_variable_stops_the_frontend(
 ) -> None:
     monkeypatch.setenv("DYN_ROUTER_MODE", "random")
     with pytest.raises(SystemExit):
-        build_parser()
+        main([])
     assert "DYN_ROUTER_MODE='random' is not a valid --router" in capsys.readouterr().err

@@ -66,7 +66,8 @@ class MockerEngine(AdapterEngine):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        self.options = MockerOptions.from_options(dict(config.options))
+        options = {"time_per_token_s": config.mocker_time_per_token_s, **config.options}
+        self.options = MockerOptions.from_options(options)
         self.adapters: dict[str, int] = {}
         """Adapter name to ``lora_id``: the engine's handles (the controller keeps the slots)."""
         self.endpoint: ModelEndpoint | None = None
