@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Final
 
 from lorafleet.proto.uris import is_scheme_name
+from lorafleet.worker.lora.adapter_files import ALLOW_PICKLE_VARIABLE
 from lorafleet.worker.lora.errors import LoraConfigError
 from lorafleet.worker.lora.source import LoRASource
 
@@ -20,6 +21,8 @@ __all__ = ["DEFAULT_CACHE_DIR", "LoRAManagerConfig", "load_source"]
 
 DEFAULT_CACHE_DIR: Final = Path("~/.cache/lorafleet/loras")
 DEFAULT_DOWNLOAD_TIMEOUT_S: Final = 3600.0
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 
 
 def _default_cache_dir() -> Path:
@@ -47,12 +50,19 @@ class LoRAManagerConfig:
     sources: tuple[tuple[str, str], ...] = ()
     """``(scheme, "module:attr")`` pairs of configured sources, tried in this order."""
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
+    max_adapter_bytes: int | None = None
+    """Refuse one adapter larger than this: from the source's listing before the download
+    where the source has one (S3), and while any source writes; None means no bound."""
+    allow_pickle: bool = False
+    """Load ``adapter_model.bin`` (a pickle, which can run code); safetensors only when False."""
 
     def __post_init__(self) -> None:
-        if self.cache_max_bytes is not None and self.cache_max_bytes <= 0:
-            raise LoraConfigError(
-                f"DYN_LORA_CACHE_MAX_BYTES must be positive, got {self.cache_max_bytes}"
-            )
+        for variable, value in (
+            ("DYN_LORA_CACHE_MAX_BYTES", self.cache_max_bytes),
+            ("DYN_LORA_MAX_BYTES", self.max_adapter_bytes),
+        ):
+            if value is not None and value <= 0:
+                raise LoraConfigError(f"{variable} must be positive, got {value}")
         if any(not root.is_absolute() for root in self.file_roots):
             raise LoraConfigError(f"DYN_LORA_FILE_ROOTS must be absolute paths: {self.file_roots}")
         bad = [s for s in (self.allowed_schemes or ()) if not is_scheme_name(s)]
@@ -75,7 +85,8 @@ class LoRAManagerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoRAManagerConfig:
-        """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES}``."""
+        """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES,MAX_BYTES,
+        ALLOW_PICKLE}``."""
         env = os.environ if environ is None else environ
         path = env.get("DYN_LORA_PATH", "").strip()
         roots = env.get("DYN_LORA_FILE_ROOTS", "")
@@ -84,7 +95,9 @@ class LoRAManagerConfig:
             cache_dir=Path(path).expanduser() if path else _default_cache_dir(),
             file_roots=tuple(Path(r).expanduser() for r in roots.split(os.pathsep) if r.strip()),
             allowed_schemes=frozenset(s.lower() for s in allowed) if allowed else None,
-            cache_max_bytes=_parse_bytes(env.get("DYN_LORA_CACHE_MAX_BYTES", "")),
+            cache_max_bytes=_parse_bytes(env, "DYN_LORA_CACHE_MAX_BYTES"),
+            max_adapter_bytes=_parse_bytes(env, "DYN_LORA_MAX_BYTES"),
+            allow_pickle=_parse_bool(env, ALLOW_PICKLE_VARIABLE),
             sources=tuple(_parse_source(item) for item in _split(env.get("DYN_LORA_SOURCES", ""))),
         )
 
@@ -93,13 +106,20 @@ def _split(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def _parse_bytes(value: str) -> int | None:
-    value = value.strip().replace("_", "")
+def _parse_bytes(env: Mapping[str, str], variable: str) -> int | None:
+    value = env.get(variable, "").strip().replace("_", "")
     if not value or value == "0":
         return None
     if not value.isdigit():
-        raise LoraConfigError(f"DYN_LORA_CACHE_MAX_BYTES must be a byte count, got {value!r}")
+        raise LoraConfigError(f"{variable} must be a byte count, got {value!r}")
     return int(value)
+
+
+def _parse_bool(env: Mapping[str, str], variable: str) -> bool:
+    value = env.get(variable, "").strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise LoraConfigError(f"{variable} must be true or false, got {value!r}")
 
 
 def _parse_source(item: str) -> tuple[str, str]:

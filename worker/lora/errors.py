@@ -34,6 +34,7 @@ __all__ = [
     "LoraNotFoundError",
     "LoraSourceError",
     "LoraUnavailableError",
+    "adapter_too_big",
 ]
 
 
@@ -79,3 +80,12 @@ class LoraUnavailableError(LoraSourceError, UnavailableError):
 
 class LoraConfigError(InvalidRequestError):
     """A ``DYN_LORA_*`` setting or a source registration is invalid; names the setting."""
+
+
+def adapter_too_big(uri: str, size: int, bound: int) -> LoraInvalidAdapterError:
+    """The error for an adapter of ``size`` bytes (listed or written so far) over ``bound``."""
+    return LoraInvalidAdapterError(
+        uri,
+        f"the adapter is larger than DYN_LORA_MAX_BYTES ({size} > {bound} bytes)",
+        hint="raise DYN_LORA_MAX_BYTES on the workers if this adapter is expected",
+    )

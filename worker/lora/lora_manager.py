@@ -12,7 +12,7 @@ import functools
 import time
 import traceback
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +23,7 @@ from lorafleet.proto.uris import is_scheme_name
 from lorafleet.worker import metrics
 from lorafleet.worker.lora._failures import combine_failures
 from lorafleet.worker.lora._redact import redact_uri
-from lorafleet.worker.lora.adapter_files import adapter_problem
+from lorafleet.worker.lora.adapter_files import adapter_bytes, adapter_problem, pickle_problem
 from lorafleet.worker.lora.cache import AdapterCache
 from lorafleet.worker.lora.config import LoRAManagerConfig, load_source
 from lorafleet.worker.lora.custom_source import CustomSource
@@ -33,6 +33,7 @@ from lorafleet.worker.lora.errors import (
     LoraInvalidUriError,
     LoraSourceError,
     LoraUnavailableError,
+    adapter_too_big,
 )
 from lorafleet.worker.lora.file_source import FileSource
 from lorafleet.worker.lora.hf_source import HfSource
@@ -45,6 +46,7 @@ __all__ = ["DownloadResult", "LoRAManager"]
 log = structlog.get_logger(__name__)
 
 TRACEBACK_FRAMES: Final = 3
+SIZE_CHECK_INTERVAL_S: Final = 0.1
 """Frames of a crashed source's traceback that are logged (never the exception's text)."""
 
 DownloadResult = dict[str, Any]
@@ -79,7 +81,7 @@ class LoRAManager:
         self._cache = AdapterCache(self.config.cache_dir, max_bytes=self.config.cache_max_bytes)
         self._sources: dict[str, list[LoRASource]] = {
             "file": [FileSource(roots=self.config.file_roots)],
-            "s3": [S3Source(client_factory=s3_client_factory)],
+            "s3": [S3Source(client_factory=s3_client_factory, max_bytes=config.max_adapter_bytes)],
             "hf": [HfSource()],
         }
         for scheme, spec in self.config.sources:
@@ -256,7 +258,9 @@ class LoRAManager:
         """Resolve ``uri`` through one source; local disk failures become our errors too."""
         try:
             if isinstance(source, InPlaceSource):
-                return await asyncio.to_thread(source.local_path, uri)
+                path = await asyncio.to_thread(source.local_path, uri)
+                await asyncio.to_thread(self._check_files, uri, path)
+                return path
             return await self._fetch_into_cache(source, uri, key)
         except OSError as exc:
             raise self._disk_error(uri, exc) from exc
@@ -277,10 +281,11 @@ class LoRAManager:
             problem = await asyncio.to_thread(adapter_problem, built)
             if problem is not None:
                 raise LoraInvalidAdapterError(uri, problem, hint="upload a complete PEFT adapter")
+            await asyncio.to_thread(self._check_files, uri, built)
             if not built.is_relative_to(dest):
                 return built
             entry = await asyncio.to_thread(self._cache.commit, key, built)
-            metrics.ADAPTER_CACHE_BYTES.inc(await asyncio.to_thread(_size_bytes, entry))
+            metrics.ADAPTER_CACHE_BYTES.inc(await asyncio.to_thread(adapter_bytes, entry))
             keep = {key, *self._users, *self._inflight}
             await asyncio.to_thread(self._cache.evict, keep=keep)
         finally:
@@ -294,11 +299,20 @@ class LoRAManager:
         )
         return entry
 
+    def _check_files(self, uri: str, path: Path) -> None:
+        """Refuse a pickle unless allowed, and an adapter over ``max_adapter_bytes``."""
+        problem = None if self.config.allow_pickle else pickle_problem(path)
+        if problem is not None:
+            raise LoraInvalidAdapterError(uri, problem, hint="safetensors only, by default")
+        bound = self.config.max_adapter_bytes
+        if bound is not None and (size := adapter_bytes(path)) > bound:
+            raise adapter_too_big(uri, size, bound)
+
     async def _call_source(self, source: LoRASource, uri: str, dest: Path) -> Path:
         """Run one source's download, turning a timeout or a foreign exception into our error."""
         try:
             async with asyncio.timeout(self.config.download_timeout_s):
-                return Path(await source.download(uri, dest))
+                return Path(await self._bounded(source.download(uri, dest), uri, dest))
         except LoraSourceError:
             raise
         except TimeoutError as exc:
@@ -321,11 +335,24 @@ class LoRAManager:
                 hint="see the worker log (lora.source_crashed) for where it failed",
             ) from exc
 
+    async def _bounded(self, download: Awaitable[Path], uri: str, dest: Path) -> Path:
+        """Await ``download``, cancelling it once ``dest`` holds more than the adapter bound.
+
+        A backstop for sources that cannot bound themselves (custom ones): S3 stops its own
+        stream at the bound. Checked every ``SIZE_CHECK_INTERVAL_S``, so a source may write
+        past the bound for that long before it is cut off; the download directory is removed.
+        """
+        bound = self.config.max_adapter_bytes
+        task = asyncio.ensure_future(download)
+        try:
+            while bound is not None and not task.done():
+                await asyncio.wait({task}, timeout=SIZE_CHECK_INTERVAL_S)
+                if (size := await asyncio.to_thread(adapter_bytes, dest)) > bound:
+                    raise adapter_too_big(uri, size, bound)
+            return await task
+        finally:
+            task.cancel()
+
 
 def _name(source: LoRASource) -> str:
     return str(getattr(source, "name", type(source).__name__))
-
-
-def _size_bytes(directory: Path) -> int:
-    """Bytes of the files under ``directory`` (an adapter just fetched into the cache)."""
-    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())

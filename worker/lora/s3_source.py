@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -26,6 +26,7 @@ from lorafleet.worker.lora.errors import (
     LoraNotFoundError,
     LoraSourceError,
     LoraUnavailableError,
+    adapter_too_big,
 )
 from lorafleet.worker.lora.s3_errors import translate_s3_error
 
@@ -99,8 +100,12 @@ class S3Source:
 
     name = "s3"
 
-    def __init__(self, *, client_factory: S3ClientFactory = default_s3_client) -> None:
+    def __init__(
+        self, *, client_factory: S3ClientFactory = default_s3_client, max_bytes: int | None = None
+    ) -> None:
+        """``max_bytes`` bounds one adapter: its listed size before any GET, then its stream."""
         self._client_factory = client_factory
+        self._max_bytes = max_bytes
         self._client: Any = None
         self._client_lock = threading.Lock()
 
@@ -155,20 +160,27 @@ class S3Source:
     def _download_blocking(self, uri: str, dest: Path) -> Path:
         bucket, prefix = parse_s3_uri(uri)
         client = self._client_or_new(uri)
+        budget = _ByteBudget(uri, self._max_bytes)
         if is_archive_name(prefix):
-            return _fetch_archive(client, bucket, prefix, dest, uri)
+            budget.check(int(client.head_object(Bucket=bucket, Key=prefix)["ContentLength"]))
+            return _fetch_archive(client, bucket, prefix, dest, uri, budget)
         if prefix and not prefix.endswith("/"):
             prefix += "/"
-        for key, target in self._plan(client, bucket, prefix, dest, uri):
+        listed = {
+            key: size
+            for key, size in _list_keys(client, bucket, prefix, uri)
+            if not key.endswith("/")
+        }
+        budget.check(sum(listed.values()))
+        for key, target in self._plan(listed, prefix, dest, uri):
             target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, str(target), Config=_single_stream())
+            client.download_file(bucket, key, str(target), Config=_single_stream(), Callback=budget)
         return dest
 
     def _plan(
-        self, client: Any, bucket: str, prefix: str, dest: Path, uri: str
+        self, keys: Collection[str], prefix: str, dest: Path, uri: str
     ) -> list[tuple[str, Path]]:
-        """List the prefix and map each key to its file, refusing unsafe or non-adapter sets."""
-        keys = [key for key in _list_keys(client, bucket, prefix, uri) if not key.endswith("/")]
+        """Map each key to its file, refusing unsafe or non-adapter sets."""
         if not keys:
             raise LoraNotFoundError(
                 uri,
@@ -197,10 +209,28 @@ def _single_stream() -> Any:
     return TransferConfig(use_threads=False)
 
 
-def _list_keys(client: Any, bucket: str, prefix: str, uri: str) -> list[str]:
-    keys: list[str] = []
+class _ByteBudget:
+    """One adapter's byte bound, as boto3's progress callback: raising stops the stream, so a
+    source whose objects outgrow their listing (or a bound passed mid-way) writes no more."""
+
+    def __init__(self, uri: str, bound: int | None) -> None:
+        self._uri, self._bound, self._received = uri, bound, 0
+
+    def check(self, size: int) -> None:
+        """Refuse ``size`` bytes (listed, or received so far) over the bound."""
+        if self._bound is not None and size > self._bound:
+            raise adapter_too_big(self._uri, size, self._bound)
+
+    def __call__(self, bytes_amount: int) -> None:
+        self._received += bytes_amount
+        self.check(self._received)
+
+
+def _list_keys(client: Any, bucket: str, prefix: str, uri: str) -> list[tuple[str, int]]:
+    """Every ``(key, size)`` under ``prefix``, refusing more objects than an adapter has."""
+    keys: list[tuple[str, int]] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys.extend(item["Key"] for item in page.get("Contents", ()))
+        keys.extend((item["Key"], int(item.get("Size", 0))) for item in page.get("Contents", ()))
         if len(keys) > S3_MAX_OBJECTS:
             raise LoraInvalidAdapterError(
                 uri,
@@ -210,10 +240,12 @@ def _list_keys(client: Any, bucket: str, prefix: str, uri: str) -> list[str]:
     return keys
 
 
-def _fetch_archive(client: Any, bucket: str, key: str, dest: Path, uri: str) -> Path:
+def _fetch_archive(
+    client: Any, bucket: str, key: str, dest: Path, uri: str, budget: _ByteBudget
+) -> Path:
     """Download one archive object and extract it; a single top folder becomes the adapter."""
     archive = dest / ARCHIVE_FILE_NAME
-    client.download_file(bucket, key, str(archive), Config=_single_stream())
+    client.download_file(bucket, key, str(archive), Config=_single_stream(), Callback=budget)
     extract_archive(archive, dest, uri=uri)
     archive.unlink()
     children = list(dest.iterdir())

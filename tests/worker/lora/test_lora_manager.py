@@ -90,7 +90,7 @@ class ConfiguredSource:
     async def download(self, uri: str, dest: Path) -> Path:
         def write() -> None:
             (dest / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-            (dest / "adapter_model.bin").write_bytes(b"weights:" + uri.encode())
+            (dest / "adapter_model.safetensors").write_bytes(b"weights:" + uri.encode())
         await asyncio.to_thread(write)
         return dest
 
@@ -114,7 +114,7 @@ async def test_custom_source_named_in_configuration_is_imported_and_used(
     path = await manager.download("cfg://robot")
 
     assert manager.supported_schemes() == {"file", "s3", "hf", "cfg"}
-    assert (path / "adapter_model.bin").read_bytes() == b"weights:cfg://robot"
+    assert (path / "adapter_model.safetensors").read_bytes() == b"weights:cfg://robot"
 
 
 async def test_failing_source_falls_through_to_the_next_one(
@@ -323,3 +323,33 @@ async def test_aclose_cancels_downloads_in_flight_and_leaves_nothing_behind(
         await waiter
     assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
     assert not manager.is_cached("demo://x")
+
+
+async def test_a_source_writing_past_the_size_bound_is_cut_off_and_leaves_nothing(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    written: list[int] = []
+
+    async def flood(dest: Path) -> None:
+        """A custom source that claims nothing and writes without end."""
+        with (dest / "adapter_model.safetensors").open("wb") as out:
+            while True:
+                out.write(b"\0" * 4096)
+                out.flush()
+                written.append(4096)
+                await asyncio.sleep(0)
+
+    class Flood:
+        async def download(self, uri: str, dest: Path) -> Path:
+            await flood(dest)
+            return dest
+
+    manager = _manager(tmp_path, max_adapter_bytes=64 << 10)
+    manager.register_custom_source("flood", Flood())
+
+    with pytest.raises(LoraInvalidAdapterError, match="DYN_LORA_MAX_BYTES"):
+        await manager.download("flood://big")
+
+    assert sum(written) > 64 << 10
+    assert _entries(tmp_path) == set()
+    assert not any((tmp_path / "cache").rglob("adapter_model.safetensors"))

@@ -228,3 +228,19 @@ async def test_exists_answers_without_downloading(
     assert all(
         request.startswith("GET") and "list-type=2" in request for request in aws_env.requests()
     )
+
+
+async def test_an_adapter_listed_over_the_size_bound_is_refused_before_any_get(
+    tmp_path: Path, aws_env: Any, upload: Callable[..., str], adapter_bytes: Callable[..., Any]
+) -> None:
+    uri = upload("adapters/bounded")
+    listed = sum(len(data) for data in adapter_bytes().values())
+    config = LoRAManagerConfig(cache_dir=tmp_path / "cache", max_adapter_bytes=listed - 1)
+    aws_env.reset_requests()
+
+    with pytest.raises(LoraInvalidAdapterError, match="DYN_LORA_MAX_BYTES") as refused:
+        await LoRAManager(config=config).download(uri)
+
+    assert f"{listed} > {listed - 1}" in str(refused.value)
+    assert not [r for r in aws_env.requests() if r.startswith("GET") and "list-type" not in r]
+    assert _cache_entries(tmp_path) == []

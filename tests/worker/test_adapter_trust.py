@@ -1,0 +1,73 @@
+"""What a real mocker worker refuses to load: pickled weights (unless allowed) and adapters
+over the size bound, before the engine sees a byte; nothing of them stays in the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.processes import ServiceProcess
+from tests.worker.adapters import make_adapter_dir
+
+
+def _pickled_adapter(root: Path, name: str) -> str:
+    path = make_adapter_dir(root, name)
+    (path / "adapter_model.safetensors").rename(path / "adapter_model.bin")
+    return f"file://{path}"
+
+
+@pytest.fixture
+def lora_worker(worker_factory, tmp_path: Path):
+    def start(env: dict[str, str] | None = None) -> ServiceProcess:
+        full_env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+        return worker_factory("--enable-lora", env={**full_env, **(env or {})})
+
+    return start
+
+
+async def _load(worker: ServiceProcess, name: str, uri: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=worker.url, timeout=60) as client:
+        body = {"lora_name": name, "source": {"uri": uri}}
+        return await client.post("/engine/update/load_lora", json=body)
+
+
+async def _loaded(worker: ServiceProcess) -> set[str]:
+    async with httpx.AsyncClient(base_url=worker.url, timeout=60) as client:
+        response = await client.post("/engine/update/list_loras", json={})
+    return set(response.json()["loras"])
+
+
+async def test_a_pickled_adapter_is_refused_by_default_naming_the_setting(
+    lora_worker, tmp_path: Path
+) -> None:
+    worker = lora_worker()
+    response = await _load(worker, "pickled", _pickled_adapter(tmp_path / "ad", "pickled"))
+    assert response.status_code == 400, response.text
+    assert "pickle" in response.json()["message"]
+    assert "DYN_LORA_ALLOW_PICKLE=true" in response.json()["message"]
+    assert "pickled" not in await _loaded(worker)
+
+
+async def test_a_pickled_adapter_loads_when_the_operator_allows_pickles(
+    lora_worker, tmp_path: Path
+) -> None:
+    worker = lora_worker({"DYN_LORA_ALLOW_PICKLE": "true"})
+    response = await _load(worker, "pickled", _pickled_adapter(tmp_path / "ad", "pickled"))
+    assert response.status_code == 200, response.text
+    assert "pickled" in await _loaded(worker)
+
+
+async def test_an_adapter_over_the_size_bound_is_refused_and_the_others_still_load(
+    lora_worker, tmp_path: Path
+) -> None:
+    worker = lora_worker({"DYN_LORA_MAX_BYTES": "4096"})
+    big = make_adapter_dir(tmp_path / "ad", "big")
+    (big / "adapter_model.safetensors").write_bytes(b"\0" * 8192)
+    response = await _load(worker, "big", f"file://{big}")
+    assert response.status_code == 400, response.text
+    assert "DYN_LORA_MAX_BYTES" in response.json()["message"]
+    small = make_adapter_dir(tmp_path / "ad", "small")
+    assert (await _load(worker, "small", f"file://{small}")).status_code == 200
+    assert await _loaded(worker) == {"small"}
