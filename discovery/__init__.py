@@ -26,13 +26,17 @@ from lorafleet.discovery.errors import (
 )
 from lorafleet.discovery.keys import (
     ADAPTERS_ROOT,
+    ALIASES_ROOT,
     DEFAULT_NAMESPACE,
     INSTANCES_ROOT,
     KEYS_ROOT,
     LOAD_ROOT,
     MDC_ROOT,
+    ROLLOUTS_ROOT,
     adapter_key,
     adapters_prefix,
+    alias_key,
+    aliases_prefix,
     base_card_key,
     card_prefix,
     instance_key,
@@ -42,6 +46,8 @@ from lorafleet.discovery.keys import (
     lora_card_key,
     nats_subject,
     parse_card_key,
+    rollout_report_key,
+    rollout_reports_prefix,
 )
 from lorafleet.discovery.lease import (
     LeaseKeeper,
@@ -80,6 +86,7 @@ from lorafleet.discovery.watch_cache import (
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "ALIASES_ROOT",
     "ConnectTimeoutError",
     "ConnectionArgs",
     "DEFAULT_CONNECT_TIMEOUT_S",
@@ -109,6 +116,7 @@ __all__ = [
     "NatsSettingsError",
     "NatsState",
     "RERESOLVE_INTERVAL_S",
+    "ROLLOUTS_ROOT",
     "StateListener",
     "WORKER_INBOX_PREFIX",
     "WatchCache",
@@ -116,6 +124,8 @@ __all__ = [
     "adapter_key",
     "adapters_prefix",
     "add_connection_flags",
+    "alias_key",
+    "aliases_prefix",
     "base_card_key",
     "card_prefix",
     "connect_etcd",
@@ -130,6 +140,8 @@ __all__ = [
     "parse_card_key",
     "parse_endpoints",
     "parse_nats_servers",
+    "rollout_report_key",
+    "rollout_reports_prefix",
     "unless_stopped",
     "wait_for_etcd",
     "wait_for_nats",

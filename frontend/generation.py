@@ -27,6 +27,7 @@ from lorafleet.frontend.exchange import Exchange, SseAnswer
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.shapes import Answer, Shape
 from lorafleet.frontend.token_stream import TokenStream
 from lorafleet.proto.errors import LorafleetError
@@ -65,11 +66,17 @@ class GenerationService:
     """Turns validated OpenAI bodies into answers through the dispatcher."""
 
     def __init__(
-        self, resolver: ModelResolver, dispatcher: Dispatcher, metrics: FrontendMetrics
+        self,
+        resolver: ModelResolver,
+        dispatcher: Dispatcher,
+        metrics: FrontendMetrics,
+        rollouts: RolloutLoop | None = None,
     ) -> None:
         self.resolver = resolver
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.rollouts = rollouts
+        """Splits requests to an alias over its versions and counts them (None: no aliases)."""
 
     async def generate(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], receive: Receive
@@ -94,7 +101,7 @@ class GenerationService:
     ) -> tuple[ServedModel, GenerateRequest, Answer]:
         """Resolve the model and build the request; failures are counted, then raised."""
         try:
-            served = await self.resolver.resolve(body.model)
+            served = await self.resolver.resolve(self._version_of(body, exchange))
             exchange.label = served.name
             # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
             answer_id = exchange.shape.id_prefix + exchange.record.request_id
@@ -107,6 +114,13 @@ class GenerationService:
             id=answer_id, created=int(time.time()), model=served.name, logprobs=logprobs
         )
         return served, request, answer
+
+    def _version_of(self, body: _Body, exchange: Exchange) -> str:
+        """The name to serve: an alias's version for this session (tracked), else the name."""
+        if self.rollouts is None:
+            return body.model
+        exchange.alias = self.rollouts.pick(body.model, exchange.record.session or body.user or "")
+        return body.model if exchange.alias is None else exchange.alias.version
 
     async def _whole(
         self,
