@@ -101,7 +101,8 @@ class GenerationService:
     ) -> tuple[ServedModel, GenerateRequest, Answer]:
         """Resolve the model and build the request; failures are counted, then raised."""
         try:
-            served = await self.resolver.resolve(self._version_of(body, exchange))
+            body = self._to_version(body, exchange)
+            served = await self.resolver.resolve(body.model)
             exchange.label = served.name
             # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
             answer_id = exchange.shape.id_prefix + exchange.record.request_id
@@ -115,12 +116,14 @@ class GenerationService:
         )
         return served, request, answer
 
-    def _version_of(self, body: _Body, exchange: Exchange) -> str:
-        """The name to serve: an alias's version for this session (tracked), else the name."""
+    def _to_version(self, body: _Body, exchange: Exchange) -> _Body:
+        """``body`` for the version of an alias it names (tracked in ``exchange``), else as is."""
         if self.rollouts is None:
-            return body.model
+            return body
         exchange.alias = self.rollouts.pick(body.model, exchange.record.session or body.user or "")
-        return body.model if exchange.alias is None else exchange.alias.version
+        if exchange.alias is None:
+            return body
+        return msgspec.structs.replace(body, model=exchange.alias.version)
 
     async def _whole(
         self,

@@ -151,7 +151,9 @@ class RolloutsController(Controller):
         responses=WRITE_ERRORS,
         summary="Move a rollout's canary to its next step",
     )
-    async def promote(self, data: PromoteRequest, services: NamedDependency[Services]) -> Alias:
+    async def promote(
+        self, data: JSONBody[PromoteRequest], services: NamedDependency[Services]
+    ) -> Alias:
         """The next step's weight now (all of it with ``full``); 100 ends the rollout."""
         _alias_or_404(services.aliases, data.alias)
         return await _change(
@@ -167,7 +169,9 @@ class RolloutsController(Controller):
         responses=WRITE_ERRORS,
         summary="Put all of an alias's weight back on its baseline",
     )
-    async def rollback(self, data: RollbackRequest, services: NamedDependency[Services]) -> Alias:
+    async def rollback(
+        self, data: JSONBody[RollbackRequest], services: NamedDependency[Services]
+    ) -> Alias:
         """All weight on the baseline; the rollout shows ``rolled_back`` and ``reason``."""
         _alias_or_404(services.aliases, data.alias)
         return await _change(

@@ -2,11 +2,12 @@
 
 An alias is listed with its ``targets`` and ``rollout``. A cold adapter (desired,
 loaded nowhere, base model served) is listed with ``loaded: false`` and lorafleet's
-``status`` (``AdapterStates``): the first request for it loads it on demand, unless its last load failed (``status.state`` is
-``failed``, with the error). Without cold adapters and aliases the list is sent
-pre-encoded: each entry is encoded once when its model changes and the whole body is
-kept until the next change (``ModelRegistry.joined``), so a GET of 10,000 entries sends
-bytes already made instead of building and encoding 10,000 objects.
+``status`` (``AdapterStates``): the first request for it loads it on demand, unless its
+last load failed (``status.state`` is ``failed``, with the error). Without cold adapters
+and aliases the list is sent pre-encoded: each entry is encoded once when its model
+changes and the whole body is kept until the next change (``ModelRegistry.joined``), so
+a GET of 10,000 entries sends bytes already made instead of building and encoding
+10,000 objects.
 """
 
 from __future__ import annotations
