@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 
 TICK_S: Final = 0.2
 """How often a frontend publishes ended windows and looks for windows to judge."""
-GRACE_S: Final = 1.0
+GRACE_S: Final = 0.5
 """How long after a window ends it is judged: every frontend has published it by then."""
 REPORT_LEASE_TTL_S: Final = 10
 CLIENT_GONE_STATUS: Final = 499
