@@ -130,12 +130,20 @@ class RolloutLoop:
     async def _judge_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            for alias in self.book.aliases():
-                if alias.rollout is not None and alias.rollout.phase == "running":
-                    try:
-                        await self._step(alias, alias.rollout, time.time())
-                    except LorafleetError as exc:  # etcd away: the next tick tries again
-                        log.warning("rollout step failed", alias=alias.name, error=exc.message)
+            running = [a for a in self.book.aliases() if a.rollout and a.rollout.phase == "running"]
+            self._forget_ended(running)
+            for alias in running:
+                assert alias.rollout is not None
+                try:
+                    await self._step(alias, alias.rollout, time.time())
+                except LorafleetError as exc:  # etcd away: the next tick tries again
+                    log.warning("rollout step failed", alias=alias.name, error=exc.message)
+
+    def _forget_ended(self, running: list[Alias]) -> None:
+        """Drop the counts of steps no longer running (moved on, promoted, rolled back)."""
+        live = {(a.name, a.rollout.window_started_at) for a in running if a.rollout}
+        for key in [key for key in self._tally if key[:2] not in live]:
+            del self._tally[key]
 
     async def _step(self, alias: Alias, rollout: Rollout, now: float) -> None:
         """Publish the window to judge once it ended; judge it a grace later."""

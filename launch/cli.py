@@ -254,6 +254,10 @@ def _lora(args: argparse.Namespace) -> int:
 
     if args.action in ALIAS_ACTIONS:
         return alias_command(args)
+    if args.more:
+        print(f"lorafleet lora {args.action} takes no more than NAME and URI; "
+              f"unexpected: {' '.join(args.more)}", file=sys.stderr)  # fmt: skip
+        return 2
     needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
              "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip
     missing = [_SPELLING[field] for field in needs if not getattr(args, field)]
