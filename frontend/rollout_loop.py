@@ -138,6 +138,8 @@ class RolloutLoop:
                     await self._step(alias, alias.rollout, time.time())
                 except LorafleetError as exc:  # etcd away: the next tick tries again
                     log.warning("rollout step failed", alias=alias.name, error=exc.message)
+                except Exception:  # a bug must not stop every rollout of this frontend
+                    log.exception("rollout step failed unexpectedly", alias=alias.name)
 
     def _forget_ended(self, running: list[Alias]) -> None:
         """Drop the counts of steps no longer running (moved on, promoted, rolled back)."""

@@ -67,8 +67,8 @@ async def fleet(
         for name in VERSIONS:
             await _declare(first.http, tmp_path, name, "demo", replicas=1)
         await _declare(first.http, tmp_path, "other-v1", "other", replicas=0)
-        await wait_for_models(first, {"demo", *VERSIONS}, timeout_s=30)
-        await wait_for_models(second, {"demo", *VERSIONS}, timeout_s=30)
+        await wait_for_models(first, {"demo", *VERSIONS}, timeout_s=90)
+        await wait_for_models(second, {"demo", *VERSIONS}, timeout_s=90)
         yield Fleet([first, second])
 
 
