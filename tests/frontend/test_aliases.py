@@ -268,6 +268,16 @@ async def test_each_bad_rollout_is_refused_naming_the_problem_and_changes_nothin
         assert await _snapshot(etcd) == before, fields
 
 
+async def test_an_adapter_named_like_an_alias_is_refused(fleet: Fleet, tmp_path: Path) -> None:
+    assert (await _alias(fleet.http, "bot", bot_v1=100)).status_code == 201
+    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'bot')}"
+    body = {"name": "bot", "base_model": "demo", "source": {"uri": uri}}
+    refused = await fleet.http.post("/v1/adapters", json=body, headers=AUTH)
+    assert refused.status_code == 409, refused.text
+    assert "'bot' is an alias" in refused.json()["error"]["message"]
+    assert (await fleet.http.get("/v1/adapters/bot")).status_code == 404
+
+
 async def test_writes_need_the_admin_token(fleet: Fleet, etcd: EtcdClient) -> None:
     before = await _snapshot(etcd)
     body = {"name": "bot", "targets": [{"model": "bot-v1", "weight": 100}]}
