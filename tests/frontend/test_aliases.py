@@ -309,3 +309,14 @@ async def test_the_cli_sets_rolls_out_promotes_rolls_back_and_shows_status(
     assert "bot-v1:100" in shown and "rolled_back" in shown and "answers too long" in shown
     assert await cli("alias", "bot", "bot-v1=90") == 1  # refused: the weights sum to 90
     assert "sum to 90" in capsys.readouterr().out
+
+
+async def test_a_deleted_alias_is_gone_from_models_and_answers_404(fleet: Fleet) -> None:
+    assert (await _alias(fleet.http, "bot", bot_v1=100)).status_code == 201
+    assert (await fleet.http.delete("/v1/aliases/bot")).status_code == 401
+    deleted = await fleet.http.delete("/v1/aliases/bot", headers=AUTH)
+    assert deleted.status_code == 200 and deleted.json()["name"] == "bot"
+    assert (await fleet.http.get("/v1/aliases")).json()["data"] == []
+    models = {model["id"] for model in (await fleet.http.get("/v1/models")).json()["data"]}
+    assert "bot" not in models
+    assert (await _ask(fleet.http, "bot")).status_code == 404
