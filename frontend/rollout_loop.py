@@ -40,6 +40,9 @@ GRACE_S: Final = 0.5
 """How long after a window ends it is judged: every frontend has published it by then."""
 REPORT_LEASE_TTL_S: Final = 10
 CLIENT_GONE_STATUS: Final = 499
+VERSION_FAULTS: Final = frozenset({404, 424})
+"""Statuses below 500 that are the version's fault, not the client's: the client named the
+alias, and the version it was sent to is gone (404) or cannot be loaded (424)."""
 
 _WindowKey = tuple[str, float, int]
 """An alias, its step's ``window_started_at``, and a window index."""
@@ -62,12 +65,16 @@ class AliasCall:
             self._ttft_s = seconds
 
     def ended(self, status: int) -> None:
-        """The request ended with ``status`` (the first call counts; 499, a client gone, not)."""
+        """The request ended with ``status`` (the first call counts; 499, a client gone, not).
+
+        A 5xx, 404 or 424 counts against the version; other 4xx are the client's fault.
+        """
         if self._ended:
             return
         self._ended = True
         if status != CLIENT_GONE_STATUS:
-            self._loop.count(self.alias, self.version, failed=status >= 500, ttft_s=self._ttft_s)
+            failed = status >= 500 or status in VERSION_FAULTS
+            self._loop.count(self.alias, self.version, failed=failed, ttft_s=self._ttft_s)
 
 
 class RolloutLoop:

@@ -121,6 +121,8 @@ async def test_an_alias_splits_90_10_and_the_answer_names_the_version(fleet: Fle
         {"model": "bot-v2", "weight": 10},
     ]
     assert entry["parent"] == "demo"
+    one = (await fleet.http.get("/v1/models/bot")).json()
+    assert (one["id"], one["targets"]) == ("bot", entry["targets"])
 
 
 async def test_a_session_stays_on_one_version_by_user_or_header(fleet: Fleet) -> None:
@@ -185,6 +187,17 @@ async def test_a_canary_failing_30_percent_is_rolled_back_by_the_frontends(fleet
         'lorafleet_frontend_alias_requests_total{alias="bot",outcome="error",version="bot-v3"}'
         in metrics
     )
+
+
+async def test_a_canary_whose_adapter_is_deleted_is_rolled_back(fleet: Fleet) -> None:
+    assert (await _alias(fleet.http, "bot", bot_v1=100)).status_code == 201
+    policy = {"min_requests": 5, "max_ttft_p95_ratio": 1000, "window_s": 1.0}
+    body = {"alias": "bot", "canary": "bot-v2", "weight": 50, "policy": policy}
+    assert (await fleet.http.post("/v1/rollouts", json=body, headers=AUTH)).status_code == 201
+    assert (await fleet.http.delete("/v1/adapters/bot-v2", headers=AUTH)).status_code == 200
+    record = await _until(fleet.http, "bot", lambda r: r["rollout"]["phase"] != "running")
+    assert record["rollout"]["phase"] == "rolled_back", record
+    assert record["targets"] == [{"model": "bot-v1", "weight": 100}]
 
 
 async def test_a_healthy_canary_is_promoted_through_its_steps(fleet: Fleet) -> None:
