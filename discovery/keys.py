@@ -10,13 +10,17 @@ from typing import Final
 
 __all__ = [
     "ADAPTERS_ROOT",
+    "ALIASES_ROOT",
     "DEFAULT_NAMESPACE",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "LOAD_ROOT",
     "MDC_ROOT",
+    "ROLLOUTS_ROOT",
     "adapter_key",
     "adapters_prefix",
+    "alias_key",
+    "aliases_prefix",
     "base_card_key",
     "card_prefix",
     "instance_key",
@@ -26,6 +30,8 @@ __all__ = [
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
+    "rollout_report_key",
+    "rollout_reports_prefix",
 ]
 
 DEFAULT_NAMESPACE: Final = "lorafleet"
@@ -36,6 +42,8 @@ INSTANCES_ROOT: Final = "v1/instances/"
 MDC_ROOT: Final = "v1/mdc/"
 ADAPTERS_ROOT: Final = "v1/adapters/"
 LOAD_ROOT: Final = "v1/load/"
+ALIASES_ROOT: Final = "v1/aliases/"
+ROLLOUTS_ROOT: Final = "v1/rollouts/"
 
 
 def _path(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
@@ -77,6 +85,26 @@ def adapters_prefix(namespace: str) -> str:
 def adapter_key(namespace: str, slug: str) -> str:
     """Key of one adapter's desired state (persistent, no lease)."""
     return f"{adapters_prefix(namespace)}{slug}"
+
+
+def aliases_prefix(namespace: str) -> str:
+    """Prefix of the fleet's aliases (desired state) in a namespace."""
+    return f"{ALIASES_ROOT}{namespace}/"
+
+
+def alias_key(namespace: str, slug: str) -> str:
+    """Key of one alias: its targets and rollout (persistent, no lease)."""
+    return f"{aliases_prefix(namespace)}{slug}"
+
+
+def rollout_reports_prefix(namespace: str, slug: str) -> str:
+    """Prefix of the frontends' window reports of one alias's rollout."""
+    return f"{ROLLOUTS_ROOT}{namespace}/{slug}/"
+
+
+def rollout_report_key(namespace: str, slug: str, frontend_id: str) -> str:
+    """Key of one frontend's window report of one alias (under that frontend's lease)."""
+    return f"{rollout_reports_prefix(namespace, slug)}{frontend_id}"
 
 
 def load_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:

@@ -39,6 +39,8 @@ log = structlog.get_logger("frontend.access")
 
 REQUEST_ID_HEADER: Final = "x-request-id"
 REQUEST_ID_HEADER_BYTES: Final = REQUEST_ID_HEADER.encode()
+SESSION_ID_HEADER_BYTES: Final = b"x-session-id"
+"""Keeps a conversation on one version of an alias (``frontend.aliases``)."""
 MAX_REQUEST_ID_CHARS: Final = 128
 """Longest request id kept from a client; longer ones are cut (ids end up in logs and
 on NATS, so they stay short)."""
@@ -56,6 +58,8 @@ class RequestRecord:
     model: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    session: str = ""
+    """The client's ``x-session-id`` header (cut to ``MAX_REQUEST_ID_CHARS``), if any."""
 
 
 _record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -96,7 +100,8 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
     """Run ``serve`` as the request of ``scope``: with its id bound to the log context and
     echoed on the response, and its access line written when it ends. ``started``
     (``perf_counter``; now) is when the request arrived."""
-    record = RequestRecord(request_id=request_id_from(_request_id_header(scope)))
+    record = RequestRecord(request_id=request_id_from(_header(scope, REQUEST_ID_HEADER_BYTES)))
+    record.session = (_header(scope, SESSION_ID_HEADER_BYTES) or "")[:MAX_REQUEST_ID_CHARS]
     status = 500
     echoed = (REQUEST_ID_HEADER_BYTES, record.request_id.encode())
 
@@ -118,11 +123,11 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
         _record.reset(token)
 
 
-def _request_id_header(scope: HTTPScope) -> str | None:
-    """The last ``x-request-id`` header's value, if any (as a dict of the headers gives)."""
+def _header(scope: HTTPScope, wanted: bytes) -> str | None:
+    """The last ``wanted`` header's value, if any (as a dict of the headers gives)."""
     found: bytes | None = None
     for name, value in scope["headers"]:
-        if name == REQUEST_ID_HEADER_BYTES:
+        if name == wanted:
             found = value
     return None if found is None else found.decode("latin-1")
 

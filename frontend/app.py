@@ -30,6 +30,8 @@ from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.discovery.startup import unless_stopped
 from lorafleet.frontend.access_log import AccessLogMiddleware
 from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.alias_checks import AliasChecks
+from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.frontend.controllers import CONTROLLERS
 from lorafleet.frontend.desired_state import DesiredState
@@ -46,6 +48,7 @@ from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
 from lorafleet.proto.errors import LorafleetError
@@ -119,10 +122,15 @@ async def _start_services(
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader)
+    aliases = await AliasBook.start(etcd, config.namespace)
+    stack.push_async_callback(aliases.aclose)
+    rollouts = await RolloutLoop.start(etcd, aliases, metrics)
+    stack.push_async_callback(rollouts.aclose)
     app.state.services = Services(
         plane=plane, registry=registry, desired=desired, loads=loads,
         adapters=AdapterStates(registry, loads, failures, loader), resolver=resolver,
-        generation=GenerationService(resolver, dispatcher, metrics), metrics=metrics,
+        generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
+        aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases),
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

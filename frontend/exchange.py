@@ -22,6 +22,7 @@ from lorafleet.frontend.access_log import RequestRecord
 from lorafleet.frontend.dispatcher import Completion
 from lorafleet.frontend.errors import openai_error
 from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.rollout_loop import AliasCall
 from lorafleet.frontend.shapes import SSE_DONE, Answer, Shape, sse
 from lorafleet.frontend.token_stream import TokenStream
 from lorafleet.proto.errors import LorafleetError
@@ -45,6 +46,8 @@ class Exchange:
         self.record = record
         self.label = ""
         self.started = time.perf_counter()
+        self.alias: AliasCall | None = None
+        """The alias version this request went to, when it named an alias."""
 
     @property
     def elapsed_s(self) -> float:
@@ -65,19 +68,27 @@ class Exchange:
         status, _body = openai_error(exc)
         self.metrics.failed(self.label, self.shape.endpoint, exc.code)
         self.metrics.answered(self.label, self.shape.endpoint, status, self.elapsed_s)
+        if self.alias is not None:
+            self.alias.ended(status)
 
     def broke(self, exc: LorafleetError) -> None:
         """Count ``exc`` ending a stream that already answered 200."""
         self.metrics.failed(self.label, self.shape.endpoint, exc.code)
+        if self.alias is not None:
+            self.alias.ended(openai_error(exc)[0])
 
     def first_token(self, at: float | None = None) -> None:
         """Count the time to the first token, which came at ``at`` (``perf_counter``; now)."""
         seconds = (time.perf_counter() if at is None else at) - self.started
         self.metrics.first_token_after(self.label, self.shape.endpoint, seconds)
+        if self.alias is not None:
+            self.alias.first_token(seconds)
 
     def answered(self, final: FinalChunk | None = None) -> None:
         """Count a 200 answer; ``final``'s token counts go in the access log."""
         self.metrics.answered(self.label, self.shape.endpoint, 200, self.elapsed_s)
+        if self.alias is not None:
+            self.alias.ended(200)
         if final is not None:
             self.count_tokens(final)
 

@@ -27,6 +27,7 @@ from lorafleet.frontend.exchange import Exchange, SseAnswer
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.shapes import Answer, Shape
 from lorafleet.frontend.token_stream import TokenStream
 from lorafleet.proto.errors import LorafleetError
@@ -65,11 +66,17 @@ class GenerationService:
     """Turns validated OpenAI bodies into answers through the dispatcher."""
 
     def __init__(
-        self, resolver: ModelResolver, dispatcher: Dispatcher, metrics: FrontendMetrics
+        self,
+        resolver: ModelResolver,
+        dispatcher: Dispatcher,
+        metrics: FrontendMetrics,
+        rollouts: RolloutLoop | None = None,
     ) -> None:
         self.resolver = resolver
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.rollouts = rollouts
+        """Splits requests to an alias over its versions and counts them (None: no aliases)."""
 
     async def generate(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], receive: Receive
@@ -94,6 +101,7 @@ class GenerationService:
     ) -> tuple[ServedModel, GenerateRequest, Answer]:
         """Resolve the model and build the request; failures are counted, then raised."""
         try:
+            body = self._to_version(body, exchange)
             served = await self.resolver.resolve(body.model)
             exchange.label = served.name
             # vLLM's answer id: the endpoint's prefix and the request id (x-request-id).
@@ -107,6 +115,15 @@ class GenerationService:
             id=answer_id, created=int(time.time()), model=served.name, logprobs=logprobs
         )
         return served, request, answer
+
+    def _to_version(self, body: _Body, exchange: Exchange) -> _Body:
+        """``body`` for the version of an alias it names (tracked in ``exchange``), else as is."""
+        if self.rollouts is None:
+            return body
+        exchange.alias = self.rollouts.pick(body.model, exchange.record.session or body.user or "")
+        if exchange.alias is None:
+            return body
+        return msgspec.structs.replace(body, model=exchange.alias.version)
 
     async def _whole(
         self,

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one frontend: requests, errors, latencies, migrations, on-demand loads.
+"""Prometheus metrics of one frontend: requests, errors, latencies, migrations, on-demand loads,
+and each alias version's requests, errors and TTFT.
 
 Each frontend app owns its own ``CollectorRegistry``, so several apps can live
 in one process (tests). Labels are the served model name (``""`` for a name
@@ -67,6 +68,15 @@ class FrontendMetrics:
             "Time from a cold request to its adapter's card in this frontend's registry",
             buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self.alias_requests = Counter(
+            "lorafleet_frontend_alias_requests", "Requests to an alias, by version and outcome",
+            ["alias", "version", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.alias_first_token = Histogram(
+            "lorafleet_frontend_alias_time_to_first_token_seconds",
+            "Time to the first token of requests to an alias, by version",
+            ["alias", "version"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
         self.build_info = Gauge(
             "lorafleet_build_info", "Always 1; the labels say which lorafleet runs",
             ["version", "python_version", "component"], registry=self.registry,
@@ -108,6 +118,14 @@ class FrontendMetrics:
         """Count one on-demand load (``ok`` or an error code) and how long it took."""
         self.on_demand_loads.labels(outcome).inc()
         self.on_demand_seconds.observe(seconds)
+
+    def alias_request(
+        self, alias: str, version: str, *, failed: bool, ttft_s: float | None
+    ) -> None:
+        """Count one ended request to ``alias`` that ``version`` answered (or failed)."""
+        self._child(self.alias_requests, alias, version, "error" if failed else "ok").inc()
+        if ttft_s is not None:
+            self._child(self.alias_first_token, alias, version).observe(ttft_s)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from litestar.datastructures import State
 
 from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.alias_checks import AliasChecks
+from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.generation import GenerationService
@@ -37,6 +39,9 @@ class Services:
     resolver: ModelResolver
     generation: GenerationService
     metrics: FrontendMetrics
+    aliases: AliasBook
+    """The fleet's aliases (``v1/aliases/``): read, split, written with a compare-and-swap."""
+    alias_checks: AliasChecks
 
 
 def services_of(state: State) -> Services:

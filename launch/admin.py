@@ -34,6 +34,7 @@ from lorafleet.proto.adapters import (
 from lorafleet.proto.discovery import Instance, decode_instance
 
 __all__ = [
+    "admin_headers",
     "apply_adapter",
     "delete_adapter",
     "discover",
@@ -117,7 +118,8 @@ def _print_lora_answers(action: str, answers: list[dict[str, Any]], *, as_json: 
     print_table(header, rows)
 
 
-def _admin_headers() -> dict[str, str]:
+def admin_headers() -> dict[str, str]:
+    """JSON headers with ``DYN_ADMIN_TOKEN`` as the bearer token when it is set."""
     token = os.environ.get("DYN_ADMIN_TOKEN")
     return {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
 
@@ -125,7 +127,7 @@ def _admin_headers() -> dict[str, str]:
 def _print_answer(method: str, url: str, body: bytes | None = None) -> int:
     """Send one admin request to a frontend, print its JSON answer; 0 on a 2xx status."""
     try:
-        response = httpx.request(method, url, content=body, headers=_admin_headers(), timeout=30)
+        response = httpx.request(method, url, content=body, headers=admin_headers(), timeout=30)
         answer: Any = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
@@ -143,7 +145,7 @@ def apply_adapter(
     url = f"{frontend_url}/v1/adapters"
     try:
         response = httpx.post(url, content=msgspec.json.encode(adapter),
-                              headers=_admin_headers(), timeout=30)  # fmt: skip
+                              headers=admin_headers(), timeout=30)  # fmt: skip
         answer: Any = response.json()
         if response.is_success:
             answer = settled_status(frontend_url, answer, wait_s)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
+from lorafleet.launch.alias_cli import ALIAS_ACTIONS, add_alias_flags, alias_command
 from lorafleet.launch.cluster_state import ClusterState, read_state
 from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S
 from lorafleet.process.cli_help import HelpFormatter, add_version
@@ -102,8 +103,8 @@ def _up_parser(up: argparse.ArgumentParser) -> None:
 
 
 def _lora_parser(lora: argparse.ArgumentParser) -> None:
-    lora.add_argument("action", choices=["load", "unload", "list", "apply", "delete"],
-                      help="what to do")  # fmt: skip
+    lora.add_argument("action", choices=["load", "unload", "list", "apply", "delete",
+                                         *ALIAS_ACTIONS], help="what to do")  # fmt: skip
     lora.add_argument("name", nargs="?", help="the adapter's name (all but list)")
     lora.add_argument("uri", nargs="?", help="load/apply: where its files are (file://, s3://)")
     lora.add_argument(
@@ -129,6 +130,7 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
     lora.add_argument("--wait-s", type=float, default=DEFAULT_APPLY_WAIT_S,
                       help="apply: how long to wait for the adapter to leave pending/loading "
                            "(0: do not wait)")  # fmt: skip
+    add_alias_flags(lora)
     _cluster_flags(lora, etcd=True)
 
 
@@ -250,6 +252,12 @@ def _lora(args: argparse.Namespace) -> int:
     from lorafleet.launch.admin import apply_adapter, delete_adapter, discover, lora_command
     from lorafleet.launch.fleet_status import print_fleet
 
+    if args.action in ALIAS_ACTIONS:
+        return alias_command(args)
+    if args.more:
+        print(f"lorafleet lora {args.action} takes no more than NAME and URI; "
+              f"unexpected: {' '.join(args.more)}", file=sys.stderr)  # fmt: skip
+        return 2
     needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
              "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip
     missing = [_SPELLING[field] for field in needs if not getattr(args, field)]

@@ -3,6 +3,7 @@
 from typing import Final
 
 from lorafleet.frontend.controllers.adapters import AdaptersController
+from lorafleet.frontend.controllers.aliases import AliasesController, RolloutsController
 from lorafleet.frontend.controllers.chat import ChatCompletionsController
 from lorafleet.frontend.controllers.completions import CompletionsController
 from lorafleet.frontend.controllers.models import ModelsController
@@ -11,16 +12,18 @@ from lorafleet.frontend.controllers.vllm_lora import VllmLoraController
 
 __all__ = [
     "AdaptersController",
+    "AliasesController",
     "CONTROLLERS",
     "ChatCompletionsController",
     "CompletionsController",
     "ModelsController",
+    "RolloutsController",
     "SystemController",
     "VllmLoraController",
 ]
 
 CONTROLLERS: Final = (
     AdaptersController, ChatCompletionsController, CompletionsController, ModelsController,
-    SystemController, VllmLoraController,
+    SystemController, VllmLoraController, AliasesController, RolloutsController,
 )  # fmt: skip
 """Every controller, as the app mounts them."""

@@ -35,7 +35,7 @@ def _error(description: str) -> ResponseSpec:
 WRITE_ERRORS: Final = {
     400: _error("Invalid spec; the message names the field"),
     401: _error("DYN_ADMIN_TOKEN is set and the bearer token is missing or wrong"),
-    409: _error("The name is a base model's name"),
+    409: _error("The name is a base model's or an alias's name"),
     503: _error("etcd is unavailable"),
 }
 NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
@@ -75,6 +75,8 @@ class AdaptersController(Controller):
     ) -> Response[AdapterStatus]:
         """Validate and store ``data`` as desired state (persistent, no lease)."""
         spec = validate_adapter_spec(data)
+        if services.aliases.get(spec.name) is not None:
+            raise ConflictError(f"name {spec.name!r} is an alias (/v1/aliases); choose another")
         warnings = _check_against_served(spec, services.registry)
         changed = await services.desired.apply(spec)
         return Response(

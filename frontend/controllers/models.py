@@ -1,12 +1,13 @@
 """``GET /v1/models``: every base model and adapter a live instance serves, and cold adapters.
 
-A cold adapter (desired, loaded nowhere, base model served) is listed with
-``loaded: false`` and lorafleet's ``status`` (``AdapterStates``): the first request
-for it loads it on demand, unless its last load failed (``status.state`` is
-``failed``, with the error). Without cold adapters the list is sent pre-encoded:
-each entry is encoded once when its model changes and the whole body is kept
-until the next change (``ModelRegistry.joined``), so a GET of 10,000 entries
-sends bytes already made instead of building and encoding 10,000 objects.
+An alias is listed with its ``targets`` and ``rollout``. A cold adapter (desired,
+loaded nowhere, base model served) is listed with ``loaded: false`` and lorafleet's
+``status`` (``AdapterStates``): the first request for it loads it on demand, unless its
+last load failed (``status.state`` is ``failed``, with the error). Without cold adapters
+and aliases the list is sent pre-encoded: each entry is encoded once when its model
+changes and the whole body is kept until the next change (``ModelRegistry.joined``), so
+a GET of 10,000 entries sends bytes already made instead of building and encoding
+10,000 objects.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from litestar.params import FromPath
 
 from lorafleet.frontend.adapter_states import AdapterStates
 from lorafleet.frontend.controllers._responses import MODEL_ERRORS
-from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.frontend.resolver import ColdAdapter
 from lorafleet.frontend.services import Services
+from lorafleet.proto.aliases import Alias, AliasModelObject
 from lorafleet.proto.openai import ModelList, ModelObject, ModelStatus
 from lorafleet.proto.uris import public_uri
 
-__all__ = ["ModelsController", "cold_model_object", "model_object"]
+__all__ = ["ModelsController", "alias_model_object", "cold_model_object", "model_object"]
 
 _LIST_HEAD, _LIST_TAIL = msgspec.json.encode(ModelList(data=[])).split(b"[]")
 _BODY_HEAD, _BODY_TAIL = _LIST_HEAD + b"[", b"]" + _LIST_TAIL
@@ -65,6 +67,16 @@ def cold_model_object(cold: ColdAdapter, states: AdapterStates) -> ModelObject:
     )
 
 
+def alias_model_object(alias: Alias, registry: ModelRegistry) -> ModelObject:
+    """An alias's entry: its targets and rollout, and its first served target's base model."""
+    first = next(filter(None, map(registry.get, (t.model for t in alias.targets))), None)
+    return AliasModelObject(
+        id=alias.name, created=0 if first is None else first.created,
+        parent=None if first is None else first.parent, targets=alias.targets,
+        rollout=alias.rollout,
+    )  # fmt: skip
+
+
 class ModelsController(Controller):
     """OpenAI's models resource, built from etcd's cards, instances and desired adapters."""
 
@@ -76,12 +88,14 @@ class ModelsController(Controller):
         """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
         resolver = services.resolver
         cold = resolver.cold()
-        if not cold:  # the usual case: the registry's pre-encoded entries, as they are
+        aliases = services.aliases.aliases()
+        if not cold and not aliases:  # the usual case: the registry's pre-encoded entries
             body = resolver.registry.joined(_encoded_model_object, head=_BODY_HEAD, tail=_BODY_TAIL)
             # bytes are sent as they are: the body is an encoded ModelList
             return cast("Response[ModelList]", Response(body, media_type=MediaType.JSON))
         entries = resolver.registry.each(model_object)  # sorted; rebuilt only where changed
         entries += [cold_model_object(adapter, services.adapters) for adapter in cold]
+        entries += [alias_model_object(alias, resolver.registry) for alias in aliases]
         entries.sort(key=lambda entry: entry.id)
         return Response(ModelList(data=entries))
 
@@ -102,4 +116,7 @@ class ModelsController(Controller):
         for cold in services.resolver.cold():
             if cold.spec.name == name:
                 return cold_model_object(cold, services.adapters)
+        alias = services.aliases.get(name)
+        if alias is not None:
+            return alias_model_object(alias, services.resolver.registry)
         raise services.resolver.not_found(name)

@@ -9,6 +9,7 @@ test can tell whether the right adapter answered.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class MockerOptions:
         MockerOptions()                                  # instant tokens
         MockerOptions(time_per_token_s=0.01)             # 100 tokens/s per request
         MockerOptions(fail_add_adapter="broken.*")       # adding matching adapters fails
+        MockerOptions(fail_generate="bot-v2", fail_generate_share=0.3)  # 3 of 10 requests fail
     """
 
     time_per_token_s: float = 0.0
@@ -53,6 +55,11 @@ class MockerOptions:
     add_adapter_delay_s: float = 0.0
     fail_add_adapter: str = ""
     fail_remove_adapter: str = ""
+    fail_generate: str = ""
+    """Requests to models whose name matches fail before their first token, ..."""
+    fail_generate_share: float = 1.0
+    """... this share of them, spread evenly (request n fails when n x share crosses an integer),
+    so a run is the same every time."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> MockerOptions:
@@ -70,6 +77,8 @@ class MockerEngine(AdapterEngine):
         self.options = MockerOptions.from_options(options)
         self.adapters: dict[str, int] = {}
         """Adapter name to ``lora_id``: the engine's handles (the controller keeps the slots)."""
+        self.requests_by_model: dict[str, int] = {}
+        """Requests seen per model that ``fail_generate`` matches (which of them fail)."""
         self.endpoint: ModelEndpoint | None = None
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
@@ -88,6 +97,7 @@ class MockerEngine(AdapterEngine):
         certain (log probability 0); penalties change nothing in synthetic text.
         """
         self.resolve(request.model, self.adapters)
+        self._maybe_fail(request.model)
         adapter = "" if request.model == self.config.model_name else request.model
         metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(0.0)  # no queue
         start = len(request.generated_ids)
@@ -103,6 +113,16 @@ class MockerEngine(AdapterEngine):
             finish_reason=finish,
             usage=Usage(prompt_tokens=_prompt_words(request), completion_tokens=budget),
         )
+
+    def _maybe_fail(self, model: str) -> None:
+        """Fail this request to ``model`` if ``fail_generate`` says its turn has come."""
+        pattern, share = self.options.fail_generate, self.options.fail_generate_share
+        if not pattern or not re.fullmatch(pattern, model):
+            return
+        seen = self.requests_by_model.get(model, 0)
+        self.requests_by_model[model] = seen + 1
+        if math.floor((seen + 1) * share) > math.floor(seen * share):
+            raise UpstreamError(f"mocker: request {seen + 1} to {model!r} failed as configured")
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
