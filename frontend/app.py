@@ -48,19 +48,13 @@ from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
-from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.errors import LorafleetError, error_code
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
 
-CODE_BY_STATUS: Final = {
-    400: "invalid_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-}
 _MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -143,7 +137,7 @@ def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) ->
 def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     """Litestar's own errors (validation, unknown route, bad method) in OpenAI's shape."""
     status = exc.status_code
-    code = CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    code = error_code(status)
     message, param = _describe(exc)
     endpoint = ENDPOINT_BY_PATH.get(request.url.path.rstrip("/"))
     if endpoint is not None:
