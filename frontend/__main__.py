@@ -10,14 +10,10 @@ are visible to every user of the machine).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from types import FrameType
+from collections.abc import Sequence
 from typing import Final
 
 import uvicorn
@@ -38,6 +34,7 @@ from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.process.flags import FlagSpec, add_env_options, env_option
 from lorafleet.process.header_timeout import with_header_timeout
 from lorafleet.process.logs import configure_logging
+from lorafleet.process.uvicorn_server import UvicornServer
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -93,30 +90,6 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     )
 
 
-class _Server(uvicorn.Server):
-    """uvicorn whose SIGTERM/SIGINT end the process with status 0 instead of re-raising,
-    and also stop a start-up still waiting for NATS or etcd (``on_exit``)."""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.handle_exit, sig, None)
-        try:
-            yield
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-
 class _ExplainedStartupFailure(logging.Filter):
     """Drops uvicorn's copy of the traceback of a start-up failure that the lifespan
     already logged as one line saying what to do (``frontend cannot start``)."""
@@ -141,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(process="frontend")
     app = create_app(config)
     logging.getLogger("uvicorn.error").addFilter(_ExplainedStartupFailure(app))
-    server = _Server(
+    server = UvicornServer(
         uvicorn.Config(
             app, host=config.http_host, port=config.http_port, loop="uvloop",
             http=with_header_timeout(config.header_timeout_s), lifespan="on", access_log=False,
@@ -149,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # uvicorn types it int, yet hands it to asyncio.wait_for: fractions work.
             timeout_graceful_shutdown=config.shutdown_grace_s,  # type: ignore[arg-type]
         ),
-        on_exit=app.state.stopping.set,
+        on_signal=app.state.stopping.set,
     )  # fmt: skip
     try:
         server.run()

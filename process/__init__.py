@@ -40,6 +40,9 @@ from lorafleet.process.pids import (
 from lorafleet.process.response_head import (
     HeadWithBodyProtocol,
 )
+from lorafleet.process.uvicorn_server import (
+    UvicornServer,
+)
 
 __all__ = [
     "AUTHORIZATION_HEADER",
@@ -48,6 +51,7 @@ __all__ = [
     "HeadWithBodyProtocol",
     "HeaderTimeoutProtocol",
     "HelpFormatter",
+    "UvicornServer",
     "add_env_options",
     "add_version",
     "backoff_s",
