@@ -35,6 +35,7 @@ from lorafleet.discovery.keys import (
     adapters_prefix,
     base_card_key,
     card_prefix,
+    endpoint_path,
     instance_key,
     instance_prefix,
     load_key,
@@ -42,6 +43,7 @@ from lorafleet.discovery.keys import (
     lora_card_key,
     nats_subject,
     parse_card_key,
+    parse_load_key,
 )
 from lorafleet.discovery.lease import (
     LeaseKeeper,
@@ -121,6 +123,7 @@ __all__ = [
     "connect_etcd",
     "connect_with_retry",
     "connection_args",
+    "endpoint_path",
     "instance_key",
     "instance_prefix",
     "load_key",
@@ -129,6 +132,7 @@ __all__ = [
     "nats_subject",
     "parse_card_key",
     "parse_endpoints",
+    "parse_load_key",
     "parse_nats_servers",
     "unless_stopped",
     "wait_for_etcd",
