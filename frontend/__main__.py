@@ -29,6 +29,7 @@ from lorafleet.frontend.config import (
 )
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
+from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
 from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.process.flags import FlagSpec, add_env_options, env_option
@@ -53,6 +54,8 @@ _FLAGS: Final[tuple[FlagSpec, ...]] = (
      "requests that may wait for one adapter's on-demand load; 429 beyond"),
     ("--shutdown-grace", "DYN_SHUTDOWN_GRACE", DEFAULT_SHUTDOWN_GRACE_S, float,
      "on SIGTERM, cancel requests still running after this"),
+    ("--body-timeout-s", "DYN_BODY_TIMEOUT_S", DEFAULT_BODY_TIMEOUT_S, float,
+     "answer 408 to a request whose body has not all arrived this long after its head"),
 )  # fmt: skip
 """The frontend's own flags; ``add_connection_flags`` adds those it shares with workers."""
 
@@ -85,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> FrontendConfig:
         on_demand_timeout_s=args.on_demand_timeout_s,
         on_demand_queue=args.on_demand_queue,
         shutdown_grace_s=args.shutdown_grace,
+        body_timeout_s=args.body_timeout_s,
         admin_token=os.environ.get("DYN_ADMIN_TOKEN") or None,
         worker_token=os.environ.get("DYN_SYSTEM_AUTH_TOKEN") or None,
     )

@@ -11,6 +11,7 @@ from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.discovery.startup import DEFAULT_CONNECT_TIMEOUT_S
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
+from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
 from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 
@@ -58,6 +59,8 @@ class FrontendConfig:
     """On SIGTERM, requests still running after this long are cancelled."""
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     """Connections that send no complete request head within this long are closed."""
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    """A request whose body has not all arrived this long after its head is answered 408."""
     admin_token: str | None = field(default=None, repr=False)
     """Bearer token the mutating ``/v1/adapters`` routes require (``DYN_ADMIN_TOKEN``)."""
     worker_token: str | None = field(default=None, repr=False)
@@ -73,6 +76,6 @@ class FrontendConfig:
         if self.on_demand_queue < 1:
             raise ValueError(f"on_demand_queue must be at least 1, got {self.on_demand_queue}")
         for name in ("on_demand_timeout_s", "connect_timeout_s", "shutdown_grace_s",
-                     "header_timeout_s"):  # fmt: skip
+                     "header_timeout_s", "body_timeout_s"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
