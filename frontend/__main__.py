@@ -28,6 +28,7 @@ from lorafleet.frontend.config import (
     FrontendConfig,
 )
 from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.frontend.errors import framing_error_body
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
@@ -121,8 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = UvicornServer(
         uvicorn.Config(
             app, host=config.http_host, port=config.http_port, loop="uvloop",
-            http=with_header_timeout(config.header_timeout_s), lifespan="on", access_log=False,
-            log_config=None, server_header=False,
+            http=with_header_timeout(config.header_timeout_s, framing_error_body),
+            lifespan="on", access_log=False, log_config=None, server_header=False,
             # uvicorn types it int, yet hands it to asyncio.wait_for: fractions work.
             timeout_graceful_shutdown=config.shutdown_grace_s,  # type: ignore[arg-type]
         ),

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar, Final
 
+import msgspec
 import structlog
 
 from lorafleet.proto.adapters import AdapterLoadError
@@ -68,6 +69,7 @@ __all__ = [
     "PayloadTooLargeError",
     "RETRYABLE_WORKER_CODES",
     "WorkerError",
+    "framing_error_body",
     "http_status",
     "openai_error",
     "openai_type",
@@ -126,6 +128,17 @@ def unexpected_error(exc: Exception, path: str) -> tuple[int, OpenAIErrorRespons
         code="internal_error",
     )
     return 500, OpenAIErrorResponse(error=error)
+
+
+def framing_error_body(reason: str) -> bytes:
+    """The JSON of the 400 that uvicorn answers itself to a request it cannot parse (bad
+    framing, a bad request line): OpenAI's error shape, not uvicorn's plain text."""
+    error = OpenAIError(
+        message=f"Invalid HTTP request: {reason} Send one well-formed HTTP/1.1 request.",
+        type="invalid_request_error",
+        code="invalid_request",
+    )
+    return msgspec.json.encode(OpenAIErrorResponse(error=error))
 
 
 class BadFieldError(InvalidRequestError):

@@ -27,6 +27,7 @@ from lorafleet.process.flags import (
 )
 from lorafleet.process.header_timeout import (
     DEFAULT_HEADER_TIMEOUT_S,
+    BadRequestBody,
     HeaderTimeoutProtocol,
     with_header_timeout,
 )
@@ -46,6 +47,7 @@ from lorafleet.process.uvicorn_server import (
 
 __all__ = [
     "AUTHORIZATION_HEADER",
+    "BadRequestBody",
     "DEFAULT_HEADER_TIMEOUT_S",
     "FlagSpec",
     "HeadWithBodyProtocol",
