@@ -168,6 +168,16 @@ async def test_a_client_that_hangs_up_during_its_body_is_counted_and_logged_as_4
     assert _count(metrics, "lorafleet_frontend_errors_total", **labels, code="client_gone") == 1
 
 
+async def test_a_hang_up_during_a_body_for_litestar_s_routes_is_499_too(
+    frontend, access_lines
+) -> None:
+    async with _open(frontend) as (_reader, writer):
+        writer.write(_head("/v1/adapters", 100) + b'{"name": ')
+        await writer.drain()
+    await _until(lambda: access_lines)
+    assert [(e["route"], e["status"]) for e in access_lines] == [("/v1/adapters", 499)]
+
+
 async def test_a_client_that_hangs_up_before_its_first_token_cancels_it_counted_as_499(
     frontend, workers, nats_url, etcd, namespace, access_lines
 ) -> None:
