@@ -23,6 +23,7 @@ __all__ = [
     "aliases_prefix",
     "base_card_key",
     "card_prefix",
+    "endpoint_path",
     "instance_key",
     "instance_prefix",
     "load_key",
@@ -30,6 +31,7 @@ __all__ = [
     "lora_card_key",
     "nats_subject",
     "parse_card_key",
+    "parse_load_key",
     "rollout_report_key",
     "rollout_reports_prefix",
 ]
@@ -46,8 +48,13 @@ ALIASES_ROOT: Final = "v1/aliases/"
 ROLLOUTS_ROOT: Final = "v1/rollouts/"
 
 
+def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
+    """A worker endpoint as keys name it: ``namespace/component/endpoint``."""
+    return f"{namespace}/{component}/{endpoint}"
+
+
 def _path(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
-    return f"{namespace}/{component}/{endpoint}/{instance_id:x}"
+    return f"{endpoint_path(namespace, component, endpoint)}/{instance_id:x}"
 
 
 def instance_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
@@ -120,6 +127,17 @@ def load_prefix(namespace: str) -> str:
 def nats_subject(namespace: str, component: str, endpoint: str, instance_id: int) -> str:
     """NATS subject one instance answers on; the frontend picks instances, never NATS."""
     return f"{namespace}.{component}.{endpoint}-{instance_id:x}"
+
+
+def parse_load_key(key: str) -> tuple[str, int]:
+    """Split a load record's key into (``ns/component/endpoint``, instance id).
+
+    Raises ValueError for a key outside the load layout.
+    """
+    parts = key.removeprefix(LOAD_ROOT).split("/")
+    if not key.startswith(LOAD_ROOT) or len(parts) != 4:
+        raise ValueError(f"not a load record key: {key!r}")
+    return "/".join(parts[:3]), int(parts[3], 16)
 
 
 def parse_card_key(key: str) -> tuple[str, int, str | None]:

@@ -70,10 +70,6 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _weight(adapter: str, instance_id: int) -> int:
-    return _mix(_key(adapter) ^ _key(f"{instance_id:x}"))
-
-
 def _rank(weight: int, instance_id: int) -> int:
     """One int that sorts ascending as (weight, id) descending: cheaper to compare than a tuple."""
     return ((_MASK_64 - weight) << 64) | (_MASK_64 - instance_id)
@@ -83,9 +79,16 @@ def _ranked_id(rank: int) -> int:
     return _MASK_64 - (rank & _MASK_64)
 
 
+def _ranks(adapter_key: int, instances: Iterable[tuple[int, int]]) -> list[int]:
+    """The ``_rank``s of ``instances`` (id, ``_key`` of its hex id) for the adapter whose
+    ``_key`` is ``adapter_key``, best first: the one ranking of rendezvous hashing."""
+    return sorted(_rank(_mix(adapter_key ^ key), iid) for iid, key in instances)
+
+
 def rendezvous_order(adapter: str, instance_ids: Iterable[int]) -> list[int]:
     """Instances ranked for ``adapter``, best first (ties broken by id)."""
-    return sorted(set(instance_ids), key=lambda iid: (_weight(adapter, iid), iid), reverse=True)
+    keyed = ((iid, _key(f"{iid:x}")) for iid in set(instance_ids))
+    return [_ranked_id(rank) for rank in _ranks(_key(adapter), keyed)]
 
 
 def chosen_instances(
@@ -169,9 +172,7 @@ class RendezvousCache:
             return cached[2]
         if cached is None or cached[1] < self._first_change:
             adapter_key = _key(adapter)
-            ranked = sorted(
-                _rank(_mix(adapter_key ^ key), iid) for iid, key in self._instances.items()
-            )
+            ranked = _ranks(adapter_key, self._instances.items())
         else:
             adapter_key, applied, ranked = cached
             for added, removed in self._changes[applied - self._first_change :]:

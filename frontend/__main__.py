@@ -11,23 +11,21 @@ every user of the machine).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from types import FrameType
+from collections.abc import Sequence
 
 import uvicorn
 from litestar import Litestar
 
 from lorafleet.frontend.app import create_app
 from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.errors import framing_error_body
 from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.process.header_timeout import with_header_timeout
 from lorafleet.process.logs import configure_logging
 from lorafleet.process.settings_cli import add_settings, parse_settings, settings_from_args
+from lorafleet.process.uvicorn_server import UvicornServer
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -46,30 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> FrontendConfig:
     """A validated config from parsed flags (raises ValueError naming the bad one)."""
     return settings_from_args(FrontendConfig, args)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn whose SIGTERM/SIGINT end the process with status 0 instead of re-raising,
-    and also stop a start-up still waiting for NATS or etcd (``on_exit``)."""
-
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_exit = on_exit
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.handle_exit, sig, None)
-        try:
-            yield
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
 
 
 class _ExplainedStartupFailure(logging.Filter):
@@ -91,15 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(process="frontend")
     app = create_app(config)
     logging.getLogger("uvicorn.error").addFilter(_ExplainedStartupFailure(app))
-    server = _Server(
+    server = UvicornServer(
         uvicorn.Config(
             app, host=config.http_host, port=config.http_port, loop="uvloop",
-            http=with_header_timeout(config.header_timeout_s), lifespan="on", access_log=False,
-            log_config=None, server_header=False,
+            http=with_header_timeout(config.header_timeout_s, framing_error_body),
+            lifespan="on", access_log=False, log_config=None, server_header=False,
             # uvicorn types it int, yet hands it to asyncio.wait_for: fractions work.
             timeout_graceful_shutdown=config.shutdown_grace_s,  # type: ignore[arg-type]
         ),
-        on_exit=app.state.stopping.set,
+        on_signal=app.state.stopping.set,
     )  # fmt: skip
     try:
         server.run()

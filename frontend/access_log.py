@@ -1,6 +1,6 @@
 """Request ids and the access log: one ASGI middleware around every HTTP request.
 
-The middleware runs inside Litestar; ``frontend.fast_path`` calls :func:`logged` itself
+The middleware runs inside Litestar; ``frontend.generate_door`` calls :func:`logged` itself
 for the generate routes it answers before Litestar, so both write the same line.
 
 It takes the client's ``x-request-id`` (bounded and sanitised) or makes one, binds it
@@ -60,6 +60,9 @@ class RequestRecord:
     completion_tokens: int = 0
     session: str = ""
     """The client's ``x-session-id`` header (cut to ``MAX_REQUEST_ID_CHARS``), if any."""
+    status: int | None = None
+    """The status to log instead of the one sent: 499 for a stream whose client hung up
+    after its 200 head."""
 
 
 _record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -118,7 +121,7 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
     try:
         await serve(send_with_id)
     finally:
-        _log_access(scope, record, status, time.perf_counter() - started)
+        _log_access(scope, record, record.status or status, time.perf_counter() - started)
         structlog.contextvars.reset_contextvars(**bound)
         _record.reset(token)
 

@@ -13,15 +13,14 @@ import asyncio
 import contextlib
 import gc
 import os
-import re
 import signal
 from collections.abc import AsyncIterator
-from typing import Any, Final
+from typing import Any
 
 import structlog
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
@@ -37,8 +36,8 @@ from lorafleet.frontend.controllers import CONTROLLERS
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.dispatcher import Dispatcher
 from lorafleet.frontend.errors import openai_error, openai_type, unexpected_error
-from lorafleet.frontend.fast_path import MAX_BODY_BYTES, GenerateFastPath
 from lorafleet.frontend.fleet_loads import FleetLoads
+from lorafleet.frontend.generate_door import GenerateDoor
 from lorafleet.frontend.generate_routes import ENDPOINT_BY_PATH
 from lorafleet.frontend.generation import GenerationService
 from lorafleet.frontend.json_request import BoundedJsonRequest
@@ -46,25 +45,18 @@ from lorafleet.frontend.load_failures import LoadFailures
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.request_body import MAX_BODY_BYTES, describe_problem, leaves_body_unread
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
-from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.errors import LorafleetError, error_code
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
-
-CODE_BY_STATUS: Final = {
-    400: "invalid_request",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "payload_too_large",
-}
-_MISSING_FIELD: Final = re.compile(r"missing required field `([^`]+)`")
 
 
 @contextlib.asynccontextmanager
@@ -145,13 +137,14 @@ def _nats_lost(app: Litestar) -> None:
 
 def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) -> Response[Any]:
     status, body = openai_error(exc)
-    return Response(body, status_code=status)
+    headers = {"connection": "close"} if leaves_body_unread(exc) else None
+    return Response(body, status_code=status, headers=headers)
 
 
 def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     """Litestar's own errors (validation, unknown route, bad method) in OpenAI's shape."""
     status = exc.status_code
-    code = CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    code = error_code(status)
     message, param = _describe(exc)
     endpoint = ENDPOINT_BY_PATH.get(request.url.path.rstrip("/"))
     if endpoint is not None:
@@ -165,29 +158,16 @@ def _describe(exc: HTTPException) -> tuple[str, str | None]:
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
         first = exc.extra[0]
         if isinstance(first, dict) and "message" in first:
-            return _describe_field(str(first.get("key") or "data"), str(first["message"]))
+            key, problem = str(first.get("key") or "data"), str(first["message"])
+            if key == "data" and problem == "'data'":  # litestar's wording for an absent body
+                return "Invalid request body: the body is empty; send a JSON object", None
+            return describe_problem("" if key == "data" else key, problem)
     detail = exc.detail or "request failed"
     if exc.status_code == 413:
         return f"Request body too large: the frontend reads at most {MAX_BODY_BYTES} bytes", None
     if exc.status_code == 405:
         return f"{detail}; allowed: {(exc.headers or {}).get('allow', 'none')}", None
-    if isinstance(exc.__cause__, SerializationException):
-        return f"Invalid request body: not valid JSON: {detail}", None
     return detail, None
-
-
-def _describe_field(key: str, problem: str) -> tuple[str, str | None]:
-    """Message and param for one msgspec validation problem at ``key`` (``data``: the body)."""
-    missing = _MISSING_FIELD.search(problem)
-    if missing:
-        field = missing.group(1)
-        param = field if key == "data" else f"{key}.{field}"
-        return f"Invalid request body: {param}: required field is missing", param
-    if key == "data":
-        if problem == "'data'":  # litestar's wording for an absent body
-            return "Invalid request body: the body is empty; send a JSON object", None
-        return f"Invalid request body: {problem}", None
-    return f"Invalid request body: {key}: {problem}", key
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -227,5 +207,7 @@ def create_app(config: FrontendConfig, *, metrics: FrontendMetrics | None = None
     app.state.stopping = asyncio.Event()  # set on SIGTERM/SIGINT: ends a waiting start-up
     app.state.metrics = metrics or FrontendMetrics()
     # In front of Litestar's own handler, as its CORS middleware would be (docs/frontend.md).
-    app.asgi_handler = GenerateFastPath(app.asgi_handler, app.state)
+    app.asgi_handler = GenerateDoor(
+        app.asgi_handler, app.state, body_timeout_s=config.body_timeout_s
+    )
     return app

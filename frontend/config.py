@@ -15,6 +15,7 @@ from typing import Annotated
 from lorafleet.discovery.connection_settings import ConnectionSettings
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
+from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
 from lorafleet.process.settings import AT_LEAST_ONE, PORT, POSITIVE, setting
 
@@ -69,4 +70,8 @@ class FrontendConfig(ConnectionSettings):
     worker_token: str | None = setting(
         None, env="DYN_SYSTEM_AUTH_TOKEN", secret=True,
         help="the workers' token, sent with the frontend's on-demand loads over NATS",
+    )  # fmt: skip
+    body_timeout_s: Annotated[float, POSITIVE] = setting(
+        DEFAULT_BODY_TIMEOUT_S, flag="--body-timeout-s", env="DYN_BODY_TIMEOUT_S",
+        help="seconds after a request's head by which its whole body must arrive; 408 after",
     )  # fmt: skip

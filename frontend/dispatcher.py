@@ -17,10 +17,11 @@ from typing import Annotated, Final
 
 import structlog
 
+from lorafleet.frontend.attempt import Attempt
 from lorafleet.frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ServedModel
-from lorafleet.frontend.request_plane import Reply, RequestPlane
+from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.router import Router
 from lorafleet.frontend.token_stream import Lookup, TokenStream
 from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Settings, setting
@@ -37,7 +38,6 @@ from lorafleet.proto.inference import (
 )
 
 __all__ = [
-    "Attempt",
     "Completion",
     "DispatchSettings",
     "Dispatcher",
@@ -92,15 +92,6 @@ class Completion:
     """One per token when the request asked for log probabilities."""
 
 
-@dataclass(kw_only=True, slots=True)
-class Attempt:
-    """One try of a request on one instance."""
-
-    instance: Instance
-    reply: Reply
-    request_id: str
-
-
 @dataclass(slots=True)
 class _Tries:
     """One request's tries: the instances tried, those forgiven a NATS fail-over (tried
@@ -119,7 +110,8 @@ class _Tries:
 
 
 class Dispatcher:
-    """Routes generate requests to instances and reads their answers, with retries."""
+    """Routes generate requests to instances and reads their answers, with retries; the
+    ``Attempts`` its streams continue through."""
 
     def __init__(
         self,
@@ -133,6 +125,11 @@ class Dispatcher:
         self.settings = settings or DispatchSettings()
         self.metrics = metrics or FrontendMetrics()
         self._quarantine: dict[int, float] = {}
+
+    @property
+    def migration_limit(self) -> int:
+        """How often one stream may continue on another instance (``DYN_MIGRATION_LIMIT``)."""
+        return self.settings.migration_limit
 
     async def complete(self, served: ServedModel, request: GenerateRequest) -> Completion:
         """Run ``request`` to its final chunk, retrying on other instances until then."""

@@ -4,6 +4,8 @@ Hierarchy::
 
     proto.errors.InvalidRequestError
     ├── BadFieldError            a request field is wrong (param names it)       400
+    ├── InvalidBodyError         the body is not JSON or not the request type    400
+    ├── BodyTooLargeError        the body is bigger than the frontend reads      413
     └── PayloadTooLargeError     the request is bigger than NATS carries         413
     proto.errors.NotFoundError
     └── ModelNotFoundError       no live instance serves that name               404
@@ -19,7 +21,8 @@ Hierarchy::
     └── LoadUnauthorizedError    a worker refused this frontend's token          502
     proto.errors.LorafleetError
     ├── AdapterLoadFailedError   the adapter's load failed (recently)            424
-    └── ClientGoneError          the client hung up before a whole answer        499
+    ├── BodyTimeoutError         the body did not arrive within its timeout      408
+    └── ClientGoneError          the client hung up before its answer's end      499
 
 The code -> HTTP status table is ``proto.errors.HTTP_STATUS_BY_CODE``, shared with workers.
 """
@@ -30,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import ClassVar, Final
 
+import msgspec
 import structlog
 
 from lorafleet.proto.adapters import AdapterLoadError
@@ -50,9 +54,12 @@ __all__ = [
     "AdapterLoadFailedError",
     "BadFieldError",
     "BaseModelUnavailableError",
+    "BodyTimeoutError",
+    "BodyTooLargeError",
     "ClientGoneError",
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
+    "InvalidBodyError",
     "LoadQueueFullError",
     "LoadTimeoutError",
     "LoadUnauthorizedError",
@@ -62,6 +69,7 @@ __all__ = [
     "PayloadTooLargeError",
     "RETRYABLE_WORKER_CODES",
     "WorkerError",
+    "framing_error_body",
     "http_status",
     "openai_error",
     "openai_type",
@@ -77,6 +85,7 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
         401: "authentication_error",
         404: "invalid_request_error",
         405: "invalid_request_error",
+        408: "invalid_request_error",
         409: "invalid_request_error",
         413: "invalid_request_error",
         415: "invalid_request_error",
@@ -121,6 +130,17 @@ def unexpected_error(exc: Exception, path: str) -> tuple[int, OpenAIErrorRespons
     return 500, OpenAIErrorResponse(error=error)
 
 
+def framing_error_body(reason: str) -> bytes:
+    """The JSON of the 400 that uvicorn answers itself to a request it cannot parse (bad
+    framing, a bad request line): OpenAI's error shape, not uvicorn's plain text."""
+    error = OpenAIError(
+        message=f"Invalid HTTP request: {reason} Send one well-formed HTTP/1.1 request.",
+        type="invalid_request_error",
+        code="invalid_request",
+    )
+    return msgspec.json.encode(OpenAIErrorResponse(error=error))
+
+
 class BadFieldError(InvalidRequestError):
     """A request field is missing or wrong; ``param`` names it."""
 
@@ -144,16 +164,45 @@ class PayloadTooLargeError(InvalidRequestError):
         )
 
 
+class InvalidBodyError(InvalidRequestError):
+    """The body is not JSON, or not the route's request type; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)
+
+
+class BodyTooLargeError(InvalidRequestError):
+    """The body is larger than the frontend reads (``MAX_BODY_BYTES``)."""
+
+    code: ClassVar[str] = "payload_too_large"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(f"Request body too large: the frontend reads at most {limit_bytes} bytes")
+
+
+class BodyTimeoutError(LorafleetError):
+    """The body did not arrive within the body timeout after the request's headers."""
+
+    code: ClassVar[str] = "request_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"Request body not received within {timeout_s:g} s of its headers (the frontend's "
+            "--body-timeout-s, DYN_BODY_TIMEOUT_S); send the whole body at once"
+        )
+
+
 class ClientGoneError(LorafleetError):
-    """The client hung up while its whole (non-streamed) answer was being generated."""
+    """The client hung up before its answer's end: counted and logged as 499, never sent."""
 
     code: ClassVar[str] = "client_gone"
 
-    def __init__(self, model: str, request_id: str) -> None:
-        super().__init__(
-            f"Client closed the connection before the answer to request {request_id!r} "
-            f"(model {model!r}) was complete; its generation was cancelled"
-        )
+    def __init__(self, request_id: str, when: str) -> None:
+        self.request_id = request_id
+        super().__init__(f"Client closed the connection {when} (request {request_id!r})")
 
 
 class ModelNotFoundError(NotFoundError):

@@ -4,7 +4,8 @@ An ``Exchange`` starts its timer when the request arrives and counts the request
 once, whichever way it ends (answered, refused, failed). An ``SseAnswer`` is the
 body of a streamed answer, as httpx's response stream is: it yields the SSE
 frames and ``close()`` (idempotent) releases the token stream, cancelling an
-unfinished answer at its worker, and counts the stream's end. Leaving its
+unfinished answer at its worker, and counts the stream's end (499 when its client
+left before the last event). Leaving its
 iteration closes it; so does its garbage collection, for a client gone before
 the first byte, whose iteration never starts. Resolving and dispatching is
 ``frontend.generation``'s job, not this module's.
@@ -20,7 +21,7 @@ import structlog
 
 from lorafleet.frontend.access_log import RequestRecord
 from lorafleet.frontend.dispatcher import Completion
-from lorafleet.frontend.errors import openai_error
+from lorafleet.frontend.errors import ClientGoneError, http_status, openai_error
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.rollout_loop import AliasCall
 from lorafleet.frontend.shapes import SSE_DONE, Answer, Shape, sse
@@ -64,18 +65,30 @@ class Exchange:
         self.metrics.ended(self.label, self.shape.endpoint)
 
     def failed(self, exc: LorafleetError) -> None:
-        """Count a request answered with ``exc``'s error status."""
-        status, _body = openai_error(exc)
-        self.metrics.failed(self.label, self.shape.endpoint, exc.code)
+        """Count a request answered with ``exc``'s error status and the code its body
+        gives (a worker's refusal of the client's request counts as the client's error)."""
+        status, body = openai_error(exc)
+        self.metrics.failed(self.label, self.shape.endpoint, body.error.code or exc.code)
         self.metrics.answered(self.label, self.shape.endpoint, status, self.elapsed_s)
         if self.alias is not None:
             self.alias.ended(status)
 
     def broke(self, exc: LorafleetError) -> None:
         """Count ``exc`` ending a stream that already answered 200."""
-        self.metrics.failed(self.label, self.shape.endpoint, exc.code)
+        status, body = openai_error(exc)
+        self.metrics.failed(self.label, self.shape.endpoint, body.error.code or exc.code)
         if self.alias is not None:
-            self.alias.ended(openai_error(exc)[0])
+            self.alias.ended(status)
+
+    def client_left(self) -> None:
+        """Count a stream whose client hung up before its end as 499, in the metrics and
+        the access line, although its 200 head was sent (nginx's "client closed request")."""
+        status = http_status(ClientGoneError.code)
+        self.metrics.failed(self.label, self.shape.endpoint, ClientGoneError.code)
+        self.metrics.answered(self.label, self.shape.endpoint, status, self.elapsed_s)
+        self.record.status = status
+        if self.alias is not None:
+            self.alias.ended(status)
 
     def first_token(self, at: float | None = None) -> None:
         """Count the time to the first token, which came at ``at`` (``perf_counter``; now)."""
@@ -115,6 +128,8 @@ class SseAnswer:
         self._tokens = tokens
         self._answer = answer
         self._include_usage = include_usage
+        self._ended = False
+        """The last event (``[DONE]``) is being sent: the client got the whole answer."""
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -129,21 +144,29 @@ class SseAnswer:
                     yield b"".join(batch)
                     batch.clear()
             batch.append(SSE_DONE)
+            self._ended = True
             yield b"".join(batch)
         except LorafleetError as exc:
             log.warning("stream failed", model=answer.model, request=answer.id, error=exc.message)
             self._exchange.broke(exc)
+            self._ended = True
             yield b"".join(batch) + sse(openai_error(exc)[1]) + SSE_DONE
         finally:
             self.close()
 
     def close(self) -> None:
-        """Release the token stream (cancelling an unfinished answer) and count the end."""
+        """Release the token stream (cancelling an unfinished answer) and count the end:
+        a stream closed before its last event lost its client (499)."""
         if not self._closed:
             self._closed = True
             self._tokens.close()
             self._exchange.end()
-            self._exchange.answered()
+            if self._ended:
+                self._exchange.answered()
+            else:
+                log.info("client left mid-stream", model=self._answer.model,
+                         request=self._answer.id)  # fmt: skip
+                self._exchange.client_left()
 
     def __del__(self) -> None:
         self.close()  # a client gone before the first byte never starts the iteration

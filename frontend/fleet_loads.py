@@ -12,21 +12,13 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.discovery.keys import load_prefix
+from lorafleet.discovery.keys import load_prefix, parse_load_key
 from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
 
-__all__ = ["FleetLoads", "instance_id_of"]
+__all__ = ["FleetLoads"]
 
 _T = TypeVar("_T")
-
-
-def instance_id_of(key: str) -> int | None:
-    """The instance id a load record's key ends with (``.../{id:x}``), None for another key."""
-    try:
-        return int(key.rsplit("/", 1)[-1], 16)
-    except ValueError:
-        return None
 
 
 class FleetLoads:
@@ -78,8 +70,9 @@ class FleetLoads:
 
     def _changed(self, key: str, old: InstanceLoad | None, new: InstanceLoad | None) -> None:
         """Move the instance's entries in the indexes from ``old`` to ``new``."""
-        instance_id = instance_id_of(key)
-        if instance_id is None:
+        try:
+            _endpoint, instance_id = parse_load_key(key)
+        except ValueError:  # not a load record: nothing to index
             return
         if old is not None:
             self._by_id.pop(instance_id, None)

@@ -1,7 +1,7 @@
 """The two OpenAI generate routes, described once: path, body type, answer shape, builder.
 
-The Litestar controllers (which give the OpenAPI document) and ``frontend.fast_path``
-(which answers most requests) serve the same routes from these descriptions.
+``frontend.generate_door`` answers the routes from these descriptions, and the Litestar
+controllers describe them in the OpenAPI document.
 """
 
 from __future__ import annotations

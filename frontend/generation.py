@@ -5,7 +5,8 @@ decided before its first byte: errors up to the first chunk answer with their
 status; later ones end the stream with an ``error`` event and ``[DONE]``.
 A desired adapter that left its instances between lookup and dispatch (evicted,
 instance gone) is loaded again on demand and the request dispatched once more.
-A client that hangs up cancels its request at the worker, streamed or not.
+A client that hangs up cancels its request (at the worker, once sent), whether it waits for
+a load, an instance, its first token or its whole answer, and is counted as 499.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeAlias, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgspec
 import structlog
@@ -84,14 +85,25 @@ class GenerationService:
         """Answer ``body`` whole or as an SSE stream's body (sent with ``SSE_HEADERS``); raises
         ``LorafleetError`` before streaming.
 
-        ``receive`` is the request's ASGI channel, watched for the client hanging up.
+        ``receive`` is the request's ASGI channel, its body read: a client that hangs up
+        while its request waits (for a load, an instance, the first token or the whole
+        answer) cancels it and gets ``ClientGoneError``, counted as 499.
         """
         exchange = Exchange(self.metrics, shape, current_record())
         exchange.record.model = body.model  # the name asked for, served or not
+        try:
+            return await _unless_client_gone(self._answer(body, to_generate, exchange), receive)
+        except ClientGoneError as exc:
+            exchange.failed(exc)
+            raise
+
+    async def _answer(
+        self, body: _Body, to_generate: ToGenerate[_Body], exchange: Exchange
+    ) -> msgspec.Struct | SseAnswer:
         served, request, answer = await self._prepare(body, to_generate, exchange)
         exchange.begin(answer)
         if not body.stream:
-            return await self._whole(served, request, answer, exchange, receive)
+            return await self._whole(served, request, answer, exchange)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         tokens = await self._open_stream(served, request, exchange)
         return SseAnswer(exchange, tokens, answer, include_usage=include_usage)
@@ -126,17 +138,11 @@ class GenerationService:
         return msgspec.structs.replace(body, model=exchange.alias.version)
 
     async def _whole(
-        self,
-        served: ServedModel,
-        request: GenerateRequest,
-        answer: Answer,
-        exchange: Exchange,
-        receive: Receive,
+        self, served: ServedModel, request: GenerateRequest, answer: Answer, exchange: Exchange
     ) -> msgspec.Struct:
-        """The whole answer, cancelled at the worker if the client hangs up first."""
+        """The whole answer, its failures counted."""
         try:
-            work = self._dispatch(self.dispatcher.complete, served, request)
-            completion = await _unless_client_gone(work, receive, answer)
+            completion = await self._dispatch(self.dispatcher.complete, served, request)
         except LorafleetError as exc:
             exchange.failed(exc)
             raise
@@ -184,9 +190,7 @@ async def _until_disconnected(receive: Receive) -> None:
         pass
 
 
-async def _unless_client_gone(
-    work: Awaitable[_Answer], receive: Receive, answer: Answer
-) -> _Answer:
+async def _unless_client_gone(work: Coroutine[Any, Any, _Answer], receive: Receive) -> _Answer:
     """Await ``work``; cancel it (and so its request at the worker) and raise
     ``ClientGoneError`` if the client hangs up first. Without this a dropped client's
     answer is generated to the end. The connection is watched from ``WATCH_AFTER_S`` on:
@@ -214,7 +218,9 @@ async def _unless_client_gone(
         if not hung_up:
             raise
         handler.uncancel()
-        raise ClientGoneError(answer.model, answer.id) from None
+        record = current_record()
+        when = f"before the answer from {record.model!r} was complete; it was cancelled"
+        raise ClientGoneError(record.request_id, when) from None
     finally:
         timer.cancel()
         if watcher is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeVar
 
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.discovery.keys import card_prefix, instance_prefix, parse_card_key
+from lorafleet.discovery.keys import card_prefix, endpoint_path, instance_prefix, parse_card_key
 from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.frontend.card_view import CardView, decode_card_view
 from lorafleet.proto.discovery import Instance, decode_instance
@@ -63,7 +63,7 @@ class ServedModel:
 
 
 def _endpoint_path(instance: Instance) -> str:
-    return f"{instance.namespace}/{instance.component}/{instance.endpoint}"
+    return endpoint_path(instance.namespace, instance.component, instance.endpoint)
 
 
 def _owner(instance: Instance) -> _Owner:

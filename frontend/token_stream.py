@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 import msgspec
 import structlog
 
+from lorafleet.frontend.attempt import Attempt, Attempts
 from lorafleet.frontend.errors import InstanceLostError, WorkerError
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.proto.errors import UpstreamError, error_from_info
@@ -31,9 +32,6 @@ from lorafleet.proto.inference import (
     TokenChunk,
     Usage,
 )
-
-if TYPE_CHECKING:
-    from lorafleet.frontend.dispatcher import Attempt, Dispatcher
 
 __all__ = ["Lookup", "TokenStream"]
 
@@ -48,14 +46,14 @@ class TokenStream:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        attempts: Attempts,
         served: ServedModel,
         request: GenerateRequest,
         attempt: Attempt,
         first: StreamChunk,
         lookup: Lookup | None = None,
     ) -> None:
-        self._dispatcher = dispatcher
+        self._attempts = attempts
         self._served = served
         self._lookup = lookup
         self._origin = request
@@ -85,7 +83,7 @@ class TokenStream:
             self._tokens += chunk.tokens
             yield chunk
             try:
-                chunk = await self._dispatcher.next_chunk(self._attempt)
+                chunk = await self._attempts.next_chunk(self._attempt)
             except InstanceLostError as exc:
                 chunk = await self._migrate(exc)
 
@@ -96,30 +94,30 @@ class TokenStream:
 
     def close(self) -> None:
         """Release the attempt; if the answer did not finish, cancel it at the worker."""
-        self._dispatcher.release(self._attempt)
+        self._attempts.release(self._attempt)
         if not self._done:
             self._done = True
-            self._dispatcher.cancel(self._attempt)
+            self._attempts.cancel(self._attempt)
 
     async def _migrate(self, exc: InstanceLostError | WorkerError) -> StreamChunk:
         """Continue on another instance after ``exc`` and return its first chunk, or raise."""
         lost = self._attempt
-        self._dispatcher.release(lost)
+        self._attempts.release(lost)
         refusal = self._refusal(exc)
         if refusal is not None:
             self._done = True
             raise refusal
-        self._dispatcher.abandon(exc, lost)
+        self._attempts.abandon(exc, lost)
         self._request = self._continuation()
         if self._lookup is not None:  # instances may have come and gone since the start
             self._served = self._lookup(self._served.name) or self._served
         try:
-            self._attempt, first = await self._dispatcher.first_chunk(self._served, self._request)
+            self._attempt, first = await self._attempts.first_chunk(self._served, self._request)
         except BaseException:
             self._done = True
             raise
         self.migrations += 1
-        self._dispatcher.metrics.migrated(self._served.name)
+        self._attempts.metrics.migrated(self._served.name)
         log.warning(
             "stream migrated", request=self.request_id, model=self._served.name,
             lost=f"{lost.instance.instance_id:x}", to=f"{self._attempt.instance.instance_id:x}",
@@ -135,7 +133,7 @@ class TokenStream:
             reason, instance_id = exc.error.message, exc.instance_id
         else:
             reason, instance_id = exc.reason, exc.instance_id
-        limit = self._dispatcher.settings.migration_limit
+        limit = self._attempts.migration_limit
         if self.migrations >= limit:
             why = f"after {self.migrations} migrations (DYN_MIGRATION_LIMIT={limit})"
         elif len(self._ids) != self._tokens:

@@ -22,6 +22,7 @@ from lorafleet.process.cli_help import (
 )
 from lorafleet.process.header_timeout import (
     DEFAULT_HEADER_TIMEOUT_S,
+    BadRequestBody,
     HeaderTimeoutProtocol,
     with_header_timeout,
 )
@@ -56,10 +57,14 @@ from lorafleet.process.settings_cli import (
     setting_rows,
     settings_from_args,
 )
+from lorafleet.process.uvicorn_server import (
+    UvicornServer,
+)
 
 __all__ = [
     "AT_LEAST_ONE",
     "AUTHORIZATION_HEADER",
+    "BadRequestBody",
     "DEFAULT_HEADER_TIMEOUT_S",
     "Declared",
     "HeadWithBodyProtocol",
@@ -71,6 +76,7 @@ __all__ = [
     "Setting",
     "SettingRow",
     "Settings",
+    "UvicornServer",
     "add_settings",
     "add_version",
     "backoff_s",

@@ -64,6 +64,7 @@ from lorafleet.proto.errors import (
     UnavailableError,
     UpstreamError,
     error_body,
+    error_code,
     error_from_info,
     http_status,
 )
@@ -277,6 +278,7 @@ __all__ = [
     "encode_msg",
     "encode_record",
     "error_body",
+    "error_code",
     "error_from_info",
     "http_status",
     "is_scheme_name",

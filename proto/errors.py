@@ -37,6 +37,7 @@ __all__ = [
     "UnavailableError",
     "UpstreamError",
     "error_body",
+    "error_code",
     "error_from_info",
     "http_status",
 ]
@@ -161,8 +162,25 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "unavailable": 503,
     "nats_unavailable": 503,
     "client_gone": 499,  # nginx's "client closed request": counted, never seen by the client
+    "request_timeout": 408,  # a request body that did not arrive in time (frontend.errors)
 }
 """The one table from error code to HTTP status, used by the worker and the frontend."""
+
+_CODE_BY_HTTP_STATUS: dict[int, str] = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "payload_too_large",
+}
+
+
+def error_code(status: int) -> str:
+    """The error code of an HTTP error a server framework answered itself (an unknown route,
+    a bad method, a body too large): its own code, else ``internal_error`` for a 5xx and
+    ``invalid_request`` for any other status."""
+    fallback = "internal_error" if status >= 500 else "invalid_request"
+    return _CODE_BY_HTTP_STATUS.get(status, fallback)
 
 
 def http_status(code: str) -> int:

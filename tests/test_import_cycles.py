@@ -15,7 +15,19 @@ LAYER = {"proto": 0, "process": 0, "discovery": 1, "fleet": 2, "worker": 3, "fro
 
 
 def test_no_module_imports_itself_round_a_circle() -> None:
-    assert cycles(import_graph(ROOT)) == []
+    """Imports under ``TYPE_CHECKING`` count: that is where a circle hides
+    (``frontend.token_stream`` once imported ``Dispatcher`` back that way)."""
+    assert cycles(import_graph(ROOT, typing_too=True)) == []
+
+
+def test_the_check_finds_a_circle_hidden_under_type_checking(tmp_path: Path) -> None:
+    package = tmp_path / "proto"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from lorafleet.proto.b import B\n")
+    (package / "b.py").write_text("if TYPE_CHECKING:\n    from lorafleet.proto.a import A\n")
+    assert cycles(import_graph(tmp_path)) == []
+    assert cycles(import_graph(tmp_path, typing_too=True)) == [["proto.a", "proto.b"]]
 
 
 def test_no_package_imports_a_later_layer_or_its_sibling() -> None:

@@ -25,7 +25,13 @@ from typing import Annotated, Final
 import structlog
 
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.discovery.keys import adapters_prefix, card_prefix, load_prefix, parse_card_key
+from lorafleet.discovery.keys import (
+    adapters_prefix,
+    card_prefix,
+    load_prefix,
+    parse_card_key,
+    parse_load_key,
+)
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.fleet.placement import RendezvousCache, chosen_instances, plan_copies
@@ -205,7 +211,7 @@ class Placement:
         return [
             load
             for key, load in self._loads.items.items()
-            if load.base_model == self._base_model and _load_instance(key) != self._instance_id
+            if load.base_model == self._base_model and parse_load_key(key)[1] != self._instance_id
         ]
 
     async def _placement_loop(self) -> None:
@@ -268,7 +274,7 @@ class Placement:
             if card.lora is not None and card.lora.base_model == self._base_model:
                 held[parse_card_key(key)[1]].add(card.lora.name)
         for key, load in self._loads.items.items():
-            if (iid := _load_instance(key)) in peers:
+            if (iid := parse_load_key(key)[1]) in peers:
                 held[iid].update(load.loading)
         return held
 
@@ -349,8 +355,3 @@ class Placement:
         self._placed.discard(name)
         self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)
-
-
-def _load_instance(key: str) -> int:
-    """The instance id at the end of a load record's key."""
-    return int(key.rsplit("/", 1)[1], 16)

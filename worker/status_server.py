@@ -10,9 +10,8 @@ management is configured.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,12 +26,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from lorafleet.discovery.nats_connection import NatsConnection
 from lorafleet.process.auth import bearer_token_accepted
 from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
+from lorafleet.process.uvicorn_server import UvicornServer
 from lorafleet.proto.errors import (
     ErrorInfo,
     InvalidRequestError,
     ShuttingDownError,
     UnauthorizedError,
     error_body,
+    error_code,
     http_status,
 )
 from lorafleet.proto.inference import UpdateReply
@@ -56,7 +57,6 @@ MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
 CLOSE_TIMEOUT_S: Final = 1
 """At shutdown, requests still running on the status server after this are cancelled."""
-_CODE_BY_STATUS: Final = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
 _HTTP_MESSAGES: Final = {
     405: "method not allowed",
     413: f"request body too large: the status server reads at most {MAX_BODY_BYTES} bytes",
@@ -117,7 +117,7 @@ def error_response(
 def _on_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     """Litestar's own errors (unknown route, bad method, body too large) in the routes' shape."""
     status = exc.status_code
-    code = _CODE_BY_STATUS.get(status, "internal_error" if status >= 500 else "invalid_request")
+    code = error_code(status)
     message = _HTTP_MESSAGES.get(status, exc.detail)
     if status == 404:
         message = f"no route {shorten(request.url.path)!r} on the worker's status server"
@@ -211,18 +211,6 @@ def build_status_app(
     )
 
 
-class _Server(uvicorn.Server):
-    """uvicorn that leaves SIGTERM and SIGINT to the worker runtime.
-
-    uvicorn's own handlers replaced the runtime's: SIGTERM stopped only this server, which
-    re-raised the signal once its requests were done, so one slow client kept the worker up.
-    """
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class StatusServer:
     """Runs the status app with uvicorn inside the worker's event loop."""
 
@@ -235,7 +223,7 @@ class StatusServer:
             access_log=False,
             http=with_header_timeout(header_timeout_s), timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
         )  # fmt: skip
-        self._server = _Server(config)
+        self._server = UvicornServer(config)  # signals are the runtime's
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -1,4 +1,8 @@
-"""Build the generate controllers (chat, completions) from their route descriptions.
+"""Build the generate controllers (chat, completions): the routes' OpenAPI descriptions.
+
+``frontend.generate_door`` answers every ``POST`` to these routes before Litestar routes
+it; the controllers give the OpenAPI document its operations (body, answers, errors)
+and Litestar its knowledge of the paths (a ``GET`` there is a 405, not a 404).
 
 This module alone has no ``from __future__ import annotations``: its handler's
 annotations name each route's own body and answer types, which Litestar must get as
@@ -8,16 +12,13 @@ types (for validation and the OpenAPI document), not as strings to look up here.
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, post
-from litestar.di import NamedDependency
+from litestar import Controller, post
 from litestar.params import JSONBody
 from litestar.response import Stream
 
 from lorafleet.frontend.controllers._responses import GENERATE_ERRORS
-from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GenerateRoute
-from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
-from lorafleet.frontend.services import Services
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["generate_controller"]
 
@@ -31,7 +32,7 @@ def generate_controller(
     operation_id: str,
     summary: str,
 ) -> type[Controller]:
-    """A controller named ``name`` whose ``POST`` on ``route`` answers ``answer_type`` whole,
+    """A controller named ``name`` describing ``POST`` on ``route``: ``answer_type`` whole,
     or streamed as server-sent events."""
     body_type = route.body_type
 
@@ -49,17 +50,12 @@ def generate_controller(
         )
         async def create(
             self,
-            request: Request[Any, Any, Any],
             data: JSONBody[body_type],  # type: ignore[valid-type]
-            services: NamedDependency[Services],
         ) -> answer_type | Stream:  # type: ignore[valid-type]
-            """Answer the request through a worker that serves its model."""
-            answer = await services.generation.generate(
-                data, route.shape, route.to_generate, request.receive
+            """Never runs: ``frontend.generate_door`` answers this route before Litestar."""
+            raise LorafleetError(
+                f"POST {route.path} reached Litestar: frontend.generate_door must answer it"
             )
-            if isinstance(answer, SseAnswer):
-                return Stream(answer, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
-            return answer
 
     GenerateController.__name__ = GenerateController.__qualname__ = name
     return GenerateController

@@ -21,18 +21,11 @@ from lorafleet.frontend.app import create_app
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.launch.local_servers import free_port
+from lorafleet.process.uvicorn_server import UvicornServer
 from tests.frontend.stand_in import StandInWorker
 from tests.processes import ServiceProcess, start_worker
 
 FAST_DISPATCH = DispatchSettings(stall_s=0.3, ping_timeout_s=0.5)
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without signal handlers: the test process keeps its own."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 @dataclass
@@ -51,7 +44,7 @@ async def run_frontend(config: FrontendConfig) -> AsyncIterator[RunningFrontend]
     """Serve a frontend app on a free 127.0.0.1 port inside the test's event loop."""
     port = free_port()
     app = create_app(dataclasses.replace(config, http_host="127.0.0.1", http_port=port))
-    server = _QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+    server = UvicornServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
                                          access_log=False, lifespan="on"))  # fmt: skip
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -62,3 +63,21 @@ def test_sigterm_while_waiting_for_nats_exits_at_once(tmp_path, etcd_url, namesp
         frontend.kill()
     assert code == 0 and took_s < EXIT_MARGIN_S
     assert "frontend stopped during start-up" in frontend.log_path.read_text()
+
+
+def test_a_request_uvicorn_cannot_parse_gets_a_json_400(tmp_path, etcd_url, nats_url, namespace):
+    frontend = _frontend(tmp_path, etcd_url, nats_url, namespace)
+    try:
+        with socket.create_connection(("127.0.0.1", frontend.port), timeout=20) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")  # fmt: skip
+            answer = b""
+            while chunk := sock.recv(4096):  # to EOF: the connection closes
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ")
+        assert b"content-type: application/json" in head
+        error = json.loads(body)["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_request")
+    finally:
+        frontend.kill()
