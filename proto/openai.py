@@ -5,7 +5,10 @@ documents them in ``/openapi.json``: every field is bounded (``proto.limits``); 
 bounded as a whole by what NATS carries to a worker (413 beyond). Fields OpenAI
 clients send that lorafleet does not know are skipped (msgspec skips unknown fields;
 never set ``forbid_unknown_fields`` here); every field declared here is either served or
-refused with a 400 that names it (``frontend.translate``), never dropped. Pure data, no I/O.
+refused with a 400 that names it (``frontend.translate``, ``frontend.field_policy``), never
+dropped, except OpenAI's labels (``user``, ...), which change no answer by definition.
+Every field of the ``openai`` package's request types is declared (the field walk test
+checks it). Pure data, no I/O.
 """
 
 from __future__ import annotations
