@@ -49,6 +49,7 @@ from lorafleet.proto.errors import (
 )
 from lorafleet.proto.limits import shorten
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
+from lorafleet.proto.uris import public_uris_in
 
 __all__ = [
     "AdapterLoadFailedError",
@@ -123,7 +124,7 @@ def unexpected_error(exc: Exception, path: str) -> tuple[int, OpenAIErrorRespons
     """Log an exception nobody expected (with its traceback) and give its 500 answer."""
     log.exception("unexpected error", path=path)
     error = OpenAIError(
-        message=f"Internal error: {type(exc).__name__}: {exc}",
+        message=f"Internal error: {type(exc).__name__}: {public_uris_in(str(exc))}",
         type="server_error",
         code="internal_error",
     )
@@ -293,7 +294,9 @@ class WorkerError(UpstreamError):
     def __init__(self, instance_id: int, error: LorafleetError) -> None:
         self.instance_id = instance_id
         self.error = error
-        super().__init__(f"Worker instance {instance_id:x} failed: {error.message}")
+        # Callers need no token: paths on the worker's disk stay there (``public_uris_in``).
+        shown = public_uris_in(error.message)
+        super().__init__(f"Worker instance {instance_id:x} failed: {shown}")
 
     @property
     def retryable(self) -> bool:

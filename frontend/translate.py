@@ -2,8 +2,9 @@
 
 Checks here are the ones ``Meta`` constraints cannot express (``n``, content
 parts, ``stream_options`` without ``stream``, a ``max_tokens`` above the
-context, fields no engine of the model serves: ``tools``, ``tool_choice``,
-``response_format``); each raises ``BadFieldError`` naming the field (and the
+context, ``min_tokens`` above ``max_tokens``, fields no engine of the model serves:
+``tools``, ``tool_choice``, ``response_format`` and those of ``frontend.field_policy``);
+each raises ``BadFieldError`` naming the field (and the
 engine, for what an engine cannot do). Nothing a client sets is silently dropped.
 """
 
@@ -16,6 +17,7 @@ from typing import Final
 import msgspec
 
 from lorafleet.frontend.errors import BadFieldError
+from lorafleet.frontend.field_policy import unserved_field
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.proto.inference import (
     ChatMessage,
@@ -40,6 +42,9 @@ __all__ = [
     "openai_finish_reason",
     "usage_info",
 ]
+
+SHOWN_VALUE_CHARS: Final = 60
+"""How much of a refused field's value an error message repeats."""
 
 COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
 """OpenAI's documented default for ``/v1/completions``."""
@@ -145,6 +150,10 @@ def _check_tools(body: ChatCompletionRequest, served: ServedModel) -> None:
 def _check_common(body: ChatCompletionRequest | CompletionRequest, served: ServedModel) -> None:
     if body.n != 1:
         raise _unsupported("n", f"n={body.n} (more than one choice)", served)
+    unserved = unserved_field(body)
+    if unserved is not None:
+        name, value = unserved
+        raise _unsupported(name, f"{name}={repr(value)[:SHOWN_VALUE_CHARS]}", served)
     response_format = body.response_format
     if response_format is not None and response_format.get("type") != "text":
         kind = response_format.get("type")
@@ -164,6 +173,8 @@ def _sampling(
         raise BadFieldError(
             param, f"{max_tokens} is more than the model's context length of {context} tokens"
         )
+    if body.min_tokens > max_tokens:
+        raise BadFieldError("min_tokens", f"{body.min_tokens} is more than {param} of {max_tokens}")
     stop = body.stop
     return SamplingParams(
         max_tokens=max_tokens,
@@ -174,6 +185,9 @@ def _sampling(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=body.repetition_penalty or 1.0,
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        logit_bias=dict(body.logit_bias or {}),
     )
 
 

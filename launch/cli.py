@@ -80,6 +80,13 @@ def _up_parser(up: argparse.ArgumentParser) -> None:
         help="the frontend's port (env DYN_HTTP_PORT); must be free",
     )
     up.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="where the frontend and the workers' status ports listen: this machine only by "
+        "default; 0.0.0.0 opens them to the network (set DYN_SYSTEM_AUTH_TOKEN and "
+        "DYN_ADMIN_TOKEN first)",
+    )
+    up.add_argument(
         "--system-port",
         type=int,
         default=9345,
@@ -240,7 +247,7 @@ def _up(args: argparse.Namespace) -> int:
     options = ClusterOptions(
         engine=args.engine, model=args.model, served_model_name=args.served_model_name,
         workers=args.workers, http_port=args.http_port, system_port=args.system_port,
-        namespace=args.namespace, state_dir=args.state_dir, secure=args.secure,
+        namespace=args.namespace, state_dir=args.state_dir, secure=args.secure, host=args.host,
     )  # fmt: skip
     return run_cluster(options)
 

@@ -31,6 +31,7 @@ from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.admin import instances
 from lorafleet.launch.cluster_state import ClusterState, remove_state, write_state
 from lorafleet.launch.errors import ClusterNotReadyError
+from lorafleet.launch.file_roots import file_roots_env
 from lorafleet.launch.local_servers import LocalServer, free_port, start_etcd, start_nats
 from lorafleet.launch.ports import is_free, require_free
 from lorafleet.launch.processes import (
@@ -59,6 +60,7 @@ class ClusterOptions:
         ClusterOptions(engine="mocker", workers=2)
         ClusterOptions(engine="vllm", model="/models/llama", adapters={})
         ClusterOptions(secure=True)                        # NATS with authorization
+        ClusterOptions(host="0.0.0.0")                     # reachable from the network
     """
 
     engine: str = "hf"
@@ -67,6 +69,9 @@ class ClusterOptions:
     workers: int = 1
     http_port: int = 8000
     system_port: int = 9345
+    host: str = "127.0.0.1"
+    """Where the frontend and the workers' status ports listen: this machine only, unless
+    e.g. ``0.0.0.0`` opens them to the network."""
     namespace: str = DEFAULT_NAMESPACE
     state_dir: Path = Path(".lorafleet")
     adapters: dict[str, str] | None = None
@@ -89,6 +94,7 @@ def run_cluster(options: ClusterOptions) -> int:
             **etcd_settings.env(),
             "NATS_SERVER": nats.url,
             "DYN_NAMESPACE": options.namespace,
+            **file_roots_env(adapters),  # the demo and cache folders unless told otherwise
         }
         children: list[ServiceProcess] = []
         stack.callback(stop_services, children, CHILD_STOP_TIMEOUT_S)
@@ -197,12 +203,13 @@ def _port_or_free(preferred: int) -> int:
 
 
 def _frontend_argv(options: ClusterOptions) -> list[str]:
-    return frontend_argv(port=options.http_port, host=None)  # DYN_HTTP_HOST or all interfaces
+    return frontend_argv(port=options.http_port, host=options.host)
 
 
 def _worker_argv(options: ClusterOptions, model: str, port: int) -> list[str]:
     extra = ["--served-model-name", options.served_model_name, "--enable-lora",
-             "--advertise-host", "127.0.0.1", *options.extra_worker_args]  # fmt: skip
+             "--advertise-host", "127.0.0.1", "--system-host", options.host,
+             *options.extra_worker_args]  # fmt: skip
     return worker_argv(port=port, model=model, engine=options.engine, args=extra)
 
 

@@ -21,9 +21,14 @@ COMMAND_CHARS: Final = 80
 
 
 def is_free(port: int) -> bool:
-    """Whether nothing listens on ``port`` of 127.0.0.1 or of all interfaces."""
+    """Whether nothing listens on ``port`` of 127.0.0.1 or of all interfaces.
+
+    Asks as uvicorn, etcd and NATS bind, with ``SO_REUSEADDR``: connections of a run
+    that just stopped (TIME_WAIT, about 60 s) do not hold the port, only a listener does.
+    """
     for host in ("127.0.0.1", "0.0.0.0"):
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind((host, port))
             except OSError:

@@ -68,6 +68,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     repetition_penalty: float = 1.0
     """vLLM's (and transformers'): logits of prompt and generated tokens divided by it
     (multiplied when negative); 1 leaves them alone."""
+    ignore_eos: bool = False
+    """vLLM's: generate past end-of-sequence tokens, until ``max_tokens`` or a stop string
+    (benchmarks ask for it to get exactly ``max_tokens`` tokens)."""
+    min_tokens: int = 0
+    """vLLM's: no end-of-sequence token before this many tokens were generated."""
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    """OpenAI's: token id to a value added to its logit before sampling (-100 bans it,
+    100 all but forces it)."""
 
 
 class GenerateRequest(_Message, frozen=True, tag="generate", omit_defaults=True):

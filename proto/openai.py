@@ -5,7 +5,10 @@ documents them in ``/openapi.json``: every field is bounded (``proto.limits``); 
 bounded as a whole by what NATS carries to a worker (413 beyond). Fields OpenAI
 clients send that lorafleet does not know are skipped (msgspec skips unknown fields;
 never set ``forbid_unknown_fields`` here); every field declared here is either served or
-refused with a 400 that names it (``frontend.translate``), never dropped. Pure data, no I/O.
+refused with a 400 that names it (``frontend.translate``, ``frontend.field_policy``), never
+dropped, except OpenAI's labels (``user``, ...), which change no answer by definition.
+Every field of the ``openai`` package's request types is declared (the field walk test
+checks it). Pure data, no I/O.
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ TopLogprobs = Annotated[
     int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS, description=f"0 to {MAX_TOP_LOGPROBS}")
 ]
 JsonObject = dict[str, Any]
+LogitBias = Annotated[
+    dict[int, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]],
+    msgspec.Meta(max_length=MAX_LIST_ITEMS, description="token id to a bias, -100 to 100"),
+]
+MinTokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS_LIMIT, description="0 to max_tokens")]
 ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
@@ -108,13 +116,51 @@ class _Sampling(msgspec.Struct, kw_only=True, frozen=True):
     seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: ShortText | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     repetition_penalty: RepetitionPenalty | None = None
     response_format: JsonObject | None = None
     """Refused with a 400 naming the engine unless ``{"type": "text"}`` (no engine here
     constrains output yet)."""
+    logit_bias: LogitBias | None = None
+    ignore_eos: bool = False
+    """vLLM's: generate past end-of-sequence, up to ``max_tokens``."""
+    min_tokens: MinTokens = 0
+    """vLLM's: no end-of-sequence before this many tokens."""
+    # Fields OpenAI or vLLM define that no engine here serves: declared so that a value
+    # other than their neutral one is refused with a 400 naming them (``frontend.field_policy``)
+    # rather than skipped as unknown.
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    top_k: Any = None
+    min_p: Any = None
+    stop_token_ids: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    spaces_between_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    prompt_logprobs: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    priority: Any = None
+    logits_processors: Any = None
+    add_special_tokens: Any = None
+    return_tokens_as_token_ids: Any = None
+    # Labels OpenAI defines for its own accounting and caching: accepted, they never
+    # change an answer (docs/frontend.md, field table).
+    user: ShortText | None = None
+    safety_identifier: ShortText | None = None
+    prompt_cache_key: ShortText | None = None
 
 
 class ChatContentPart(msgspec.Struct, kw_only=True, frozen=True):
@@ -148,6 +194,21 @@ class ChatCompletionRequest(_Sampling, kw_only=True, frozen=True):
     """Refused with a 400 naming the engine: no engine here parses tool calls yet."""
     tool_choice: ShortText | JsonObject | None = None
     """Accepted only as ``"none"`` (or with no ``tools``); otherwise refused like ``tools``."""
+    # Chat fields no engine here serves (refused unless neutral, ``frontend.field_policy``).
+    audio: Any = None
+    function_call: Any = None
+    functions: Any = None
+    modalities: Any = None
+    moderation: Any = None
+    parallel_tool_calls: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
 
 
 class CompletionRequest(_Sampling, kw_only=True, frozen=True):
@@ -156,6 +217,10 @@ class CompletionRequest(_Sampling, kw_only=True, frozen=True):
     prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_LIST_ITEMS)]
     echo: bool = False
     logprobs: TopLogprobs | None = None
+    best_of: Any = None
+    """Refused unless 1: vLLM removed it (0.19), no engine here serves it."""
+    suffix: Any = None
+    """Refused unless empty: no engine here fills in the middle."""
 
 
 class UsageInfo(msgspec.Struct, kw_only=True, frozen=True):

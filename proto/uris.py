@@ -4,7 +4,8 @@
 the worker's sources and its LoRA controller all use it). Everything that puts
 a URI into a log line, an error message or an HTTP answer goes through
 ``redact_uri`` (workers and the frontend alike); answers to callers who showed
-no token also hide paths on a worker's disk (``public_uri``). Pure string work, no I/O.
+no token also hide paths on a worker's disk (``public_uri``, ``public_uris_in``).
+Pure string work, no I/O.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = [
 REDACTED: Final = "***"
 _SCHEME: Final = re.compile(r"[a-z][a-z0-9+.-]*")
 _URI_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+_PATH_IN_TEXT: Final = re.compile(r"(?<![\w.:/~*-])~?(?:/[\w.@+=-]+){2,}/?")
+"""An absolute (or ``~/``) path of two segments or more standing alone in a message."""
 
 
 def is_scheme_name(scheme: str) -> bool:
@@ -77,8 +80,18 @@ def public_uri(source: str) -> str:
 
 
 def public_uris_in(text: str) -> str:
-    """``text`` (an error message) with every URI in it as ``public_uri`` shows it."""
-    return _URI_IN_TEXT.sub(lambda match: public_uri(match.group()), text)
+    """``text`` (an error message) with every URI and path in it as ``public_uri`` shows it.
+
+    A bare path keeps only its last segment (``/srv/ad/bigrank`` is ``***/bigrank``):
+    engines and file checks name the folder they read.
+    """
+    shown = _URI_IN_TEXT.sub(lambda match: public_uri(match.group()), text)
+    return _PATH_IN_TEXT.sub(_public_path, shown)
+
+
+def _public_path(match: re.Match[str]) -> str:
+    name = match.group().rstrip("/").rpartition("/")[2]
+    return f"{REDACTED}/{name}"
 
 
 def redact_uris_in(text: str) -> str:

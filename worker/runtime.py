@@ -42,6 +42,7 @@ from lorafleet.worker.engines import create_engine
 from lorafleet.worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
 from lorafleet.worker.placement import Placement
 from lorafleet.worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
+from lorafleet.worker.vllm_models_route import models_route
 
 __all__ = ["WorkerRuntime", "run_worker"]
 
@@ -164,7 +165,7 @@ class WorkerRuntime:
         self, status: StatusState, stack: contextlib.AsyncExitStack
     ) -> None:
         cfg = self.config
-        app = build_status_app(status, lora_routes(cfg))
+        app = build_status_app(status, [*lora_routes(cfg), models_route(self.engine)])
         server = StatusServer(app, cfg.system_host, cfg.system_port, cfg.header_timeout_s)
         await server.start()
         stack.push_async_callback(server.aclose)

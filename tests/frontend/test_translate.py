@@ -154,3 +154,46 @@ def test_top_logprobs_needs_logprobs() -> None:
     with pytest.raises(BadFieldError) as refused:
         chat_to_generate(_chat(top_logprobs=2), SERVED, "r")
     assert refused.value.param == "top_logprobs"
+
+
+def test_eos_and_bias_settings_are_forwarded() -> None:
+    sampling = completion_to_generate(
+        _completion(ignore_eos=True, min_tokens=4, logit_bias={"11": -100, "12": 5.5}), SERVED, "r"
+    ).sampling
+    assert (sampling.ignore_eos, sampling.min_tokens) == (True, 4)
+    assert sampling.logit_bias == {11: -100.0, 12: 5.5}
+
+
+def test_min_tokens_above_max_tokens_is_refused() -> None:
+    with pytest.raises(BadFieldError) as refused:
+        completion_to_generate(_completion(max_tokens=3, min_tokens=4), SERVED, "r")
+    assert refused.value.param == "min_tokens"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_completion(best_of=2), "best_of"),
+        (_completion(suffix="end"), "suffix"),
+        (_chat(top_k=5), "top_k"),
+        (_chat(store=True), "store"),
+        (_chat(modalities=["text", "audio"]), "modalities"),
+        (_chat(reasoning_effort="low"), "reasoning_effort"),
+        (_chat(functions=[{"name": "f"}]), "functions"),
+        (_completion(guided_json={"type": "object"}), "guided_json"),
+    ],
+)
+def test_openai_and_vllm_fields_no_engine_serves_are_refused(body, param: str) -> None:
+    convert = (
+        chat_to_generate if isinstance(body, ChatCompletionRequest) else completion_to_generate
+    )
+    with pytest.raises(BadFieldError) as refused:
+        convert(body, HF_SERVED, "r")
+    assert refused.value.param == param
+    assert param in refused.value.message and "'hf'" in refused.value.message
+
+
+def test_neutral_values_of_unserved_fields_are_accepted() -> None:
+    body = _completion(best_of=1, suffix="", top_k=-1, store=False, service_tier="auto",
+                       skip_special_tokens=True, user="u1")  # fmt: skip
+    assert completion_to_generate(body, HF_SERVED, "r").sampling.max_tokens == 16

@@ -29,9 +29,10 @@ LORAFLEET = str(Path(sys.executable).parent / "lorafleet")
 ETCD_DEFAULT_PORT = 2379
 # What the user's shell might set; each test starts from none of it.
 CLUSTER_VARIABLES = ("ETCD_ENDPOINTS", "DYN_NAMESPACE", "DYN_HTTP_PORT", "LORAFLEET_STATE_DIR")
-HOLD_PORT = (
+HOLD_PORT = (  # binds as servers do (SO_REUSEADDR): closed connections do not hold a port
     "import socket, sys\n"
-    "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
     "print('listening', flush=True); sys.stdin.read()\n"
 )
 

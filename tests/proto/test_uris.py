@@ -60,3 +60,23 @@ def test_public_uris_in_rewrites_every_uri_of_a_message_and_nothing_else() -> No
     assert public_uris_in(message) == (
         "LoRA source file:///***/ghost: no such file; s3://b/k?sig=*** failed too"
     )
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        (
+            "adapter 'big' at /tmp/pytest-1/ad/bigrank has rank 128",
+            "adapter 'big' at ***/bigrank has rank 128",
+        ),
+        ("cannot load model '/home/me/models/demo/': bad", "cannot load model '***/demo': bad"),
+        (
+            "LoRA source file:///data/ad/x: gone (/data/ad/x)",
+            "LoRA source file:///***/x: gone (***/x)",
+        ),
+        ("see ~/.cache/lorafleet/loras", "see ***/loras"),
+        ("rank 8 of 16 tokens/s at 1/2", "rank 8 of 16 tokens/s at 1/2"),
+    ],
+)
+def test_public_uris_in_hides_bare_paths_too(message: str, shown: str) -> None:
+    assert public_uris_in(message) == shown

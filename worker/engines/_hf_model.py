@@ -77,6 +77,7 @@ class ModelHost:
         if self.pad_id is None:
             self.pad_id = min(self.eos_ids) if self.eos_ids else 0
         self.max_positions = int(getattr(self.base.config, "max_position_embeddings", 0) or 0)
+        self.vocab_size = int(self.base.config.vocab_size)
 
     def forward(
         self,

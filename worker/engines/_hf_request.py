@@ -50,8 +50,14 @@ def prompt_ids(tokenizer: Any, request: GenerateRequest) -> list[int]:
     return list(ids)
 
 
-def check_sampling(request_id: str, params: SamplingParams) -> None:
+def check_sampling(request_id: str, params: SamplingParams, vocab_size: int) -> None:
     """Refuse sampling settings no sampler can honour, naming the field."""
+    outside = [token for token in params.logit_bias if not 0 <= token < vocab_size]
+    if outside:
+        raise InvalidRequestError(
+            f"request {request_id}: logit_bias names token {outside[0]}, outside the "
+            f"model's vocabulary of {vocab_size} tokens"
+        )
     if params.max_tokens < 1:
         raise InvalidRequestError(f"request {request_id}: max_tokens must be at least 1")
     if params.temperature < 0:

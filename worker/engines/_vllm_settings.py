@@ -114,6 +114,9 @@ def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
         "frequency_penalty": sampling.frequency_penalty,
         "repetition_penalty": sampling.repetition_penalty,
         "logprobs": sampling.logprobs,
+        "ignore_eos": sampling.ignore_eos,
+        "min_tokens": sampling.min_tokens,
+        "logit_bias": dict(sampling.logit_bias) or None,
     }
 
 

@@ -32,8 +32,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Final, TypeVar
 
+import msgspec
 import structlog
 
+from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
     InvalidRequestError,
     LorafleetError,
@@ -162,6 +164,16 @@ class HFEngine(AdapterEngine):
             "tokens_generated": self._tokens_total,
         }
 
+    @property
+    def context_length(self) -> int:
+        """Tokens a request may span: the flag, capped at the model's own limit once loaded."""
+        limit = self._host.max_positions if self._host is not None else 0
+        return min(self.config.context_length, limit or self.config.context_length)
+
+    def base_card(self) -> ModelDeploymentCard:
+        """The base card, with the context length this engine accepts (known once started)."""
+        return msgspec.structs.replace(super().base_card(), context_length=self.context_length)
+
     def loaded_adapters(self) -> dict[str, int]:
         """Adapters usable now, by name, with their ``lora_id``."""
         return {a.name: a.lora_id for a in self._adapters.values()}
@@ -188,7 +200,7 @@ class HFEngine(AdapterEngine):
         adapter = self.resolve(request.model, self._adapters)
         prompt = prompt_ids(self._host.tokenizer, request)
         ids = prompt + request.generated_ids  # a continuation resumes after its tokens
-        context = min(self.config.context_length, self._host.max_positions or 1 << 30)
+        context = self.context_length
         sampling = request.sampling
         budget = min(sampling.max_tokens, context - len(ids))
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
@@ -211,7 +223,7 @@ class HFEngine(AdapterEngine):
                 f"request {request.request_id}: prompt of {len(ids)} tokens leaves no room "
                 f"in the context of {context} tokens"
             )
-        check_sampling(request.request_id, sampling)
+        check_sampling(request.request_id, sampling, self._host.vocab_size)
         self._waiting.append(pending)
         if not self._wake_due:  # once per loop iteration: requests sent together start together
             self._wake_due = True

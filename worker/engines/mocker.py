@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from lorafleet.proto.errors import UpstreamError
+from lorafleet.proto.errors import InvalidRequestError, UpstreamError
 from lorafleet.proto.inference import (
     FinalChunk,
     FinishReason,
@@ -94,14 +94,22 @@ class MockerEngine(AdapterEngine):
 
         Token ``i`` has id ``i``, so a continuation (``generated_ids``) resumes at the
         index after them, as a real engine resumes after its given tokens. Every token is
-        certain (log probability 0); penalties change nothing in synthetic text.
+        certain (log probability 0); penalties change nothing in synthetic text. Its answer
+        ends after ``output_tokens`` as a model's ends at eos: ``ignore_eos`` goes on to
+        ``max_tokens``, ``min_tokens`` to at least that many. ``logit_bias`` is refused: no
+        bias could change synthetic text.
         """
+        if request.sampling.logit_bias:
+            raise InvalidRequestError(
+                f"request {request.request_id}: logit_bias is not supported by the mocker "
+                "engine: its text is synthetic"
+            )
         self.resolve(request.model, self.adapters)
         self._maybe_fail(request.model)
         adapter = "" if request.model == self.config.model_name else request.model
         metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(0.0)  # no queue
         start = len(request.generated_ids)
-        budget = max(0, min(request.sampling.max_tokens, self.options.output_tokens - start))
+        budget = max(0, min(request.sampling.max_tokens, self._natural_length(request) - start))
         for index in range(start, start + budget):
             await asyncio.sleep(self.options.time_per_token_s)
             text = f"{request.model}:{index} "
@@ -123,6 +131,13 @@ class MockerEngine(AdapterEngine):
         self.requests_by_model[model] = seen + 1
         if math.floor((seen + 1) * share) > math.floor(seen * share):
             raise UpstreamError(f"mocker: request {seen + 1} to {model!r} failed as configured")
+
+    def _natural_length(self, request: GenerateRequest) -> int:
+        """Where the answer ends by itself: ``output_tokens``, eos held back as asked."""
+        sampling = request.sampling
+        if sampling.ignore_eos:
+            return len(request.generated_ids) + sampling.max_tokens
+        return max(self.options.output_tokens, sampling.min_tokens)
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""

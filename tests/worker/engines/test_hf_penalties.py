@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lorafleet.proto.inference import SamplingParams
-from lorafleet.worker.engines._hf_batch import Row, draw_plain, penalise, sample_token
+from lorafleet.worker.engines._hf_batch import Row, draw_plain, penalise, sample_token, steer
 
 
 def _row(prompt: list[int], output: list[int], **sampling: float) -> Row:
@@ -74,3 +74,22 @@ def test_top_p_draws_only_from_the_nucleus() -> None:
     assert {sample_token(logits, row.params, row.rng) for _ in range(50)} == {1}
     wide = _row([0], [], temperature=1.0, top_p=0.9)
     assert {sample_token(logits, wide.params, wide.rng) for _ in range(200)} == {1, 2}
+
+
+def test_logit_bias_is_added_to_the_logits() -> None:
+    row = _row([0], [], temperature=0.0)
+    row.params = SamplingParams(temperature=0.0, logit_bias={0: 5.0, 2: -100.0})
+    got = steer(torch.tensor([0.0, 3.0, 2.5]), row.params, row, frozenset())
+    assert got.tolist() == pytest.approx([5.0, 3.0, -97.5])
+    assert draw_plain(torch.tensor([[0.0, 3.0, 2.5]]), [row]) == [None]  # left to the slow path
+
+
+def test_eos_is_banned_until_min_tokens_and_always_with_ignore_eos() -> None:
+    logits = torch.tensor([0.0, 3.0, 2.5])
+    early = Row(prompt_ids=[0], params=SamplingParams(min_tokens=2), budget=8, output_ids=[2])
+    assert steer(logits, early.params, early, frozenset({1})).tolist()[1] == -math.inf
+    early.output_ids.append(2)
+    assert steer(logits, early.params, early, frozenset({1})) is logits
+    ignoring = Row(prompt_ids=[0], params=SamplingParams(ignore_eos=True), budget=8,
+                   output_ids=[2] * 5)  # fmt: skip
+    assert steer(logits, ignoring.params, ignoring, frozenset({1})).tolist()[1] == -math.inf

@@ -75,12 +75,17 @@ def test_sampling_settings_are_forwarded() -> None:
     sampling = SamplingParams(
         max_tokens=7, temperature=0.0, top_p=0.9, stop=["!"], seed=3, logprobs=2,
         presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
+        ignore_eos=True, min_tokens=4, logit_bias={11: -100.0},
     )  # fmt: skip
     assert sampling_kwargs(sampling) == {
         "max_tokens": 7, "temperature": 0.0, "top_p": 0.9, "stop": ["!"], "seed": 3,
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2,
-        "logprobs": 2,
+        "logprobs": 2, "ignore_eos": True, "min_tokens": 4, "logit_bias": {11: -100.0},
     }  # fmt: skip
+
+
+def test_no_logit_bias_is_forwarded_as_none() -> None:
+    assert sampling_kwargs(SamplingParams())["logit_bias"] is None
 
 
 @dataclass(frozen=True)
