@@ -41,9 +41,10 @@ from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableErr
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
+from lorafleet.worker.eviction import IN_USE_S
 from lorafleet.worker.load_report import LoadReport
 from lorafleet.worker.load_retries import LoadRetries
-from lorafleet.worker.lora_controller import IN_USE_S, LoraController
+from lorafleet.worker.lora_controller import Assignment, LoraController
 
 __all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 
@@ -144,9 +145,8 @@ class Placement:
             controller=controller, instance_id=lease.lease_id, specs=specs, cards=cards,
             loads=loads, settings=settings,
         )  # fmt: skip
-        controller.demand = DemandMeter(half_life_s=settings.demand_half_life_s)
-        controller.in_use_s = settings.in_use_s
-        controller.fleet = placement
+        demand = DemandMeter(half_life_s=settings.demand_half_life_s)
+        controller.attach_fleet(placement, demand=demand, in_use_s=settings.in_use_s)
         placement._report = LoadReport.start(
             lease, load_key, controller=controller, failures=lambda: placement._retries.failures
         )
@@ -163,7 +163,7 @@ class Placement:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._report is not None:
             await self._report.aclose()
-        self._controller.fleet = None
+        self._controller.attach_fleet(None)
         for cache in (self._specs, self._cards, self._loads):
             await cache.aclose()
 
@@ -229,7 +229,7 @@ class Placement:
             for name, spec in specs.items()
         }
         held = self._held(peers)
-        held[self._instance_id] |= self._controller.loaded.keys()  # before its card shows
+        held[self._instance_id] |= set(self._controller.loaded)  # before its card shows
         demand = self._published_demand(specs)
         return plan_copies(copies, peers, held=held, demand=demand, cache=self._orders)
 
@@ -269,15 +269,21 @@ class Placement:
         plan = self.plan()
         mine = {name for name, where in plan.items() if self._instance_id in where}
         controller = self._controller
-        controller.pinned = {name for name in mine if specs[name].pinned}
-        controller.placed = mine
-        self._retries.retain(mine)
-        self._placed |= mine & controller.loaded.keys()
-        for name in sorted(mine - controller.loaded.keys()):
+        controller.assign({
+            name: Assignment(placed=name in mine, pinned=name in mine and spec.pinned)
+            for name, spec in specs.items()
+        })  # fmt: skip
+        self._retries.retain(mine | (set(controller.loaded) & specs.keys()))
+        loaded = set(controller.loaded)
+        self._placed |= mine & loaded
+        for name in sorted(mine - loaded):
             if self._retries.due(name):
                 await self._load(specs[name])
-        self._on_demand &= controller.loaded.keys()  # evicted or unloaded meanwhile
-        for name in sorted(controller.loaded.keys() - mine):
+        for name in sorted(loaded & specs.keys()):  # a changed source: swap, make before break
+            if controller.source(name) != specs[name].source.uri and self._retries.due(name):
+                await self._load(specs[name], replace=True)
+        self._on_demand &= set(controller.loaded)  # evicted or unloaded meanwhile
+        for name in sorted(set(controller.loaded) - mine):
             if name in specs and name in self._placed and self._keeps_copy(name, plan):
                 self._placed.discard(name)  # the plan let go of it: on demand's from now on
             if name in specs and name not in self._placed:
@@ -306,11 +312,12 @@ class Placement:
             return idle_s > 0 and (not desired or self.copies(name) > len(plan.get(name, ())))
         return desired and idle_s > self._settings.idle_unload_s  # on demand: while used
 
-    async def _load(self, spec: AdapterSpec) -> None:
+    async def _load(self, spec: AdapterSpec, *, replace: bool = False) -> None:
         try:
             # evict_placed=False: the only other copies it could evict are ones the plan
             # also wants here, which then evicted each other in turn (bench.placement)
-            load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=False)
+            load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=False,
+                                   replace=replace)  # fmt: skip
             await self._controller.load(load)
         except (CapacityError, UnavailableError) as exc:
             # Not the adapter's failure: this worker is full (every slot pinned, busy,

@@ -27,10 +27,11 @@ from lorafleet.proto.inference import (
 from lorafleet.proto.naming import lora_id
 from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
-from tests.worker.adapters import make_adapter_dir
+from tests.worker.adapters import adapter_digest, make_adapter_dir
 from tests.worker.streaming import stream
 
 LORA_ENV = {"DYN_LORA_ENABLED": "true"}
+DIGEST = adapter_digest()
 SEED = 7
 
 
@@ -82,8 +83,9 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
         )
         assert response.status_code == 200, response.text
         assert response.json() == {
-            "status": "success", "message": f"adapter 'pirate' loaded from {adapters['pirate']}",
-            "lora_name": "pirate", "lora_id": lora_id("pirate"),
+            "status": "success",
+            "message": f"adapter 'pirate' loaded from {adapters['pirate']} ({DIGEST})",
+            "lora_name": "pirate", "lora_id": lora_id("pirate", DIGEST), "digest": DIGEST,
         }  # fmt: skip
         listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
         (card,) = [decode_card(kv.value) for kv in listing if decode_card(kv.value).lora]
@@ -91,6 +93,7 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
         assert base.runtime_config.enable_lora and base.runtime_config.max_loras == 8
         assert card.display_name == "pirate" and card.lora.base_model == "demo"
         assert card.lora.uri == adapters["pirate"] and card.lora.local_path.endswith("pirate")
+        assert (card.lora.digest, card.lora.lora_id) == (DIGEST, lora_id("pirate", DIGEST))
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 200 and response.json()["status"] == "success"
         assert await _cards(etcd, namespace) == {}
@@ -123,8 +126,9 @@ async def test_compat_routes_load_list_and_delete_names_with_slashes(
         listed = (await client.get("/v1/loras")).json()
         assert listed == {
             "status": "success",
-            "loras": {"org/chef": lora_id("org/chef")},
+            "loras": {"org/chef": lora_id("org/chef", DIGEST)},
             "count": 1,
+            "digests": {"org/chef": DIGEST},
         }
         assert (await client.delete("/v1/loras/org/chef")).status_code == 200
         missing = await client.delete("/v1/loras/org/chef")
@@ -272,7 +276,7 @@ async def test_engine_failing_to_remove_keeps_the_card(lora_worker, etcd, namesp
         await client.post("/engine/update/load_lora", json=_load_body("pirate", adapters["pirate"]))
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 502
-        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate", DIGEST)}
         await assert_invariant(client, etcd, namespace)
 
 
@@ -310,10 +314,10 @@ async def test_etcd_unreachable_during_unload_keeps_adapter_and_card(
         etcd_proxy.cut()
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 503
-        assert await _loaded(client) == {"pirate": lora_id("pirate")}
+        assert await _loaded(client) == {"pirate": lora_id("pirate", DIGEST)}
         etcd_proxy.restore()
         await assert_invariant(client, etcd, namespace)
-        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate", DIGEST)}
 
 
 def _storm_plan(seed: int) -> list[tuple[str, str]]:
@@ -365,7 +369,7 @@ async def test_updates_over_nats_reach_the_same_lifecycle(
     finally:
         await nc.close()
     async with httpx.AsyncClient(base_url=worker.url) as client:
-        assert await _loaded(client) == {"robot": lora_id("robot")}
+        assert await _loaded(client) == {"robot": lora_id("robot", DIGEST)}
         await assert_invariant(client, etcd, namespace)
 
 

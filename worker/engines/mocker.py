@@ -68,7 +68,8 @@ class MockerEngine(AdapterEngine):
         super().__init__(config)
         self.options = MockerOptions.from_options(dict(config.options))
         self.adapters: dict[str, int] = {}
-        """Adapter name to ``lora_id``: the engine's handles (the controller keeps the slots)."""
+        """Version key (``name@digest``) to ``lora_id``: the engine's handles (the controller
+        keeps the slots)."""
         self.endpoint: ModelEndpoint | None = None
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
@@ -106,17 +107,20 @@ class MockerEngine(AdapterEngine):
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
         await asyncio.sleep(self.options.add_adapter_delay_s)
-        if self.options.fail_add_adapter and re.fullmatch(self.options.fail_add_adapter, name):
+        if _matches(self.options.fail_add_adapter, name):
             raise UpstreamError(f"mocker: adding adapter {name!r} failed as configured")
         self.adapters[name] = lora_id
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name``."""
-        if self.options.fail_remove_adapter and re.fullmatch(
-            self.options.fail_remove_adapter, name
-        ):
+        if _matches(self.options.fail_remove_adapter, name):
             raise UpstreamError(f"mocker: removing adapter {name!r} failed as configured")
         del self.adapters[name]
+
+
+def _matches(pattern: str, key: str) -> bool:
+    """Whether a fault pattern names the adapter of version ``key`` (``name@digest``)."""
+    return bool(pattern) and re.fullmatch(pattern, key.partition("@")[0]) is not None
 
 
 def _logprobs(text: str, top: int | None) -> list[TokenLogprob]:
