@@ -56,6 +56,8 @@ class Role(enum.Enum):
     """In the desired state, not placed here: loaded on a frontend's demand."""
     PLACED = "placed"
     """The fleet-wide plan puts it here: evicted only after the others."""
+    DELETED = "deleted"
+    """Was in the desired state and is no longer: placement unloads it once idle."""
 
 
 @dataclass(eq=False)

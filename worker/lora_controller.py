@@ -6,25 +6,22 @@ engine, then publishes; a failed publish removes it again. Unload retracts first
 then removes; a failed removal publishes again. A load of a loaded name with other
 weights (``replace``, vLLM's ``load_inplace``, a changed source or changed files) is a
 make-before-break swap: the new version is added beside the old one, its card
-replaces the old card in one put, the old version drains (``DRAIN_TIMEOUT_S``) and
-is removed; a failed step leaves the old version serving and names the step.
-The controller keeps one :class:`AdapterRecord` per name (``worker.adapter_record``)
-and owns the slots (``max_loras`` of the base card), the ids and eviction
-(``worker.eviction``). Engines supply only ``add_adapter``/``remove_adapter`` under
-a version's key (``name@digest``).
+replaces the old card in one put, the old version drains and is removed
+(``worker.version_steps``); a failed step leaves the old version serving and names
+the step. The controller keeps one :class:`AdapterRecord` per name
+(``worker.adapter_record``) and owns the slots (``max_loras`` of the base card), the
+ids and eviction (``worker.eviction``). Engines supply only
+``add_adapter``/``remove_adapter`` under a version's key (``name@digest``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
-import msgspec
 import structlog
 
 from lorafleet.proto.adapters import (
@@ -35,16 +32,14 @@ from lorafleet.proto.adapters import (
     UnloadLoraRequest,
     validate_lora_name,
 )
-from lorafleet.proto.discovery import LoraInfo, ModelDeploymentCard
+from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
     ConflictError,
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
-    UpstreamError,
 )
 from lorafleet.proto.limits import shorten
-from lorafleet.proto.naming import lora_id, lora_slug
 from lorafleet.proto.uris import split_uri
 from lorafleet.worker import metrics
 from lorafleet.worker.adapter_record import AdapterRecord, AdapterVersion, Phase, Role
@@ -52,40 +47,14 @@ from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
 from lorafleet.worker.eviction import IN_USE_S, Eviction, FleetDemand
 from lorafleet.worker.lora import redact_uri
-from lorafleet.worker.lora.digest import content_digest
+from lorafleet.worker.version_steps import AdapterSource, VersionSteps, step
 
-__all__ = [
-    "DRAIN_TIMEOUT_S",
-    "IN_USE_S",
-    "AdapterSource",
-    "Assignment",
-    "ChangeListener",
-    "LoraController",
-]
+__all__ = ["IN_USE_S", "AdapterSource", "Assignment", "ChangeListener", "LoraController"]
 
 log = structlog.get_logger(__name__)
 
-DRAIN_TIMEOUT_S: Final = 30.0
-"""A swap lets the old version's running requests finish this long before removing it."""
-
 ChangeListener: TypeAlias = Callable[[], None]
 """Called when the loaded or loading adapters, or the requests in flight, change."""
-
-
-class AdapterSource(Protocol):
-    """What the lifecycle needs from the LoRA manager: resolve a URI to a local directory."""
-
-    def supported_schemes(self) -> frozenset[str]:
-        """URI schemes that can be loaded."""
-        ...
-
-    async def acquire(self, uri: str) -> Path:
-        """Download (or find cached) and mark in use by a loaded adapter."""
-        ...
-
-    def release(self, uri: str) -> None:
-        """The adapter from ``uri`` was unloaded; its cache entry may be evicted."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +64,7 @@ class Assignment:
     placed: bool
     """The fleet-wide plan puts it on this instance."""
     pinned: bool = False
+    """The desired state pins it: a copy placed here is never evicted."""
 
 
 class LoraController:
@@ -115,9 +85,9 @@ class LoraController:
         source: AdapterSource,
         base_card: ModelDeploymentCard,
     ) -> None:
-        self._backend = backend
-        self._endpoint = endpoint
-        self._source = source
+        self._steps = VersionSteps(
+            backend=backend, endpoint=endpoint, source=source, base_card=base_card
+        )
         self._base_card = base_card
         self._max_loras = base_card.runtime_config.max_loras
         self.records: dict[str, AdapterRecord] = {}
@@ -128,8 +98,6 @@ class LoraController:
         self.eviction = Eviction(self.records, self.demand)
         self.on_change: ChangeListener = lambda: None
         self._base_busy = 0
-        self._finished = asyncio.Event()
-        """Set when a request ends: a draining version waits for its last one."""
         self._observe_slots()
 
     def attach_fleet(
@@ -149,11 +117,11 @@ class LoraController:
 
     def _apply_plan(self, record: AdapterRecord) -> None:
         assignment = self._plan.get(record.name)
-        record.pinned = assignment is not None and assignment.pinned
-        if assignment is None:
-            record.role = Role.UNMANAGED
-        else:
+        record.pinned = assignment is not None and assignment.placed and assignment.pinned
+        if assignment is not None:
             record.role = Role.PLACED if assignment.placed else Role.DECLARED
+        elif record.role is not Role.UNMANAGED:
+            record.role = Role.DELETED
 
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
@@ -176,7 +144,7 @@ class LoraController:
                 record.last_used = time.monotonic()
             else:
                 self._base_busy -= 1
-            self._finished.set()
+            self._steps.request_ended()
             self.on_change()
 
     def engine_key(self, model: str) -> str | None:
@@ -218,11 +186,6 @@ class LoraController:
     def eviction_candidate(self) -> str | None:
         """The adapter a load would evict now (``worker.eviction``), None if none may go."""
         return self.eviction.candidate()
-
-    def source(self, name: str) -> str | None:
-        """The URI ``name`` was last loaded from (kept after eviction); None if unknown."""
-        record = self.records.get(name)
-        return record.source if record is not None else None
 
     def is_placed(self, name: str) -> bool:
         """Whether placement's plan puts ``name`` on this instance."""
@@ -271,7 +234,7 @@ class LoraController:
             with _counted("unload", name):
                 if record.serving is None or self.records.get(name) is not record:
                     raise NotFoundError(f"adapter {name!r} was unloaded meanwhile")
-                await self._unload_locked(record)
+                await self._steps.remove_all(record)
             del self.records[name]
         self._observe_slots()
         self.on_change()
@@ -321,7 +284,7 @@ class LoraController:
     def _check_uri(self, name: str, uri: str) -> str:
         shown = shorten(redact_uri(uri))
         parts = split_uri(uri)
-        supported = sorted(self._source.supported_schemes())
+        supported = sorted(self._steps.source.supported_schemes())
         if parts is None:
             raise InvalidRequestError(
                 f"source.uri {shown!r} of adapter {name!r} is not a URI; use e.g. "
@@ -348,20 +311,20 @@ class LoraController:
         new = AdapterVersion(name=record.name, uri=uri)
         record.versions.append(new)
         try:
-            await _step("fetch", old, self._fetch(new))
+            await step("fetch", old, self._steps.fetch(new))
             if old is not None and new.digest == old.digest:
                 return await self._same_weights(record, old, new)
-            await _step("slot", old, self._take_slot(new, request.evict_placed))
-            await _step("add", old, self._add(new))
-            await _step("publish", old, self._publish(new))
+            await step("slot", old, self._take_slot(new, request.evict_placed))
+            await step("add", old, self._steps.add(new))
+            await step("publish", old, self._steps.publish(record, new))
         except BaseException:
-            await self._discard(record, new)
+            await self._steps.discard(record, new)
             raise
         record.source, record.unserved, record.last_used = uri, True, time.monotonic()
         if old is None:
             log.info("adapter loaded", adapter=record.name, uri=redact_uri(uri), digest=new.digest)
             return f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})"
-        await self._retire(record, old)
+        await self._steps.retire(record, old)
         log.info("adapter swapped", adapter=record.name, old=old.digest, new=new.digest)
         return f"adapter {record.name!r} swapped from {old.digest} to {new.digest}"
 
@@ -370,27 +333,15 @@ class LoraController:
     ) -> str:
         """The asked-for weights are the ones serving: nothing changes (a lost publish is
         retried)."""
-        self._source.release(new.uri)
+        self._steps.source.release(new.uri)
         record.versions.remove(new)
         if old.phase is Phase.LOADED:
-            await self._publish(old)
+            await self._steps.publish(record, old)
             return f"adapter {record.name!r} was loaded but not published; published it"
         return (
             f"adapter {record.name!r} is already loaded with these weights ({old.digest}); "
             "nothing changed"
         )
-
-    async def _fetch(self, version: AdapterVersion) -> None:
-        """Resolve the source to a directory and digest its files (once per load)."""
-        path = await self._source.acquire(version.uri)
-        try:
-            version.digest = await asyncio.to_thread(content_digest, path)
-        except OSError as exc:
-            self._source.release(version.uri)
-            raise UpstreamError(f"cannot read adapter files at {path}: {exc}") from exc
-        version.path = path
-        version.lora_id = lora_id(version.name, version.digest)
-        version.card = self._adapter_card(version)
 
     async def _take_slot(self, version: AdapterVersion, evict_placed: bool) -> None:
         """Reserve a slot, evicting ``Eviction.candidate`` while all are taken."""
@@ -403,79 +354,10 @@ class LoraController:
                      for_adapter=version.name)  # fmt: skip
             async with victim.lock:
                 if victim.serving is not None:
-                    await self._unload_locked(victim)
+                    await self._steps.remove_all(victim)
                     log.info("adapter evicted; its record keeps source and digest",
                              adapter=victim.name, role=victim.role.value)  # fmt: skip
         version.enter(Phase.RESERVED)
-
-    async def _add(self, version: AdapterVersion) -> None:
-        assert version.path is not None
-        version.enter(Phase.ADDING)
-        await self._backend.add_adapter(version.key, version.lora_id, version.path)
-        version.enter(Phase.LOADED)
-
-    async def _publish(self, version: AdapterVersion) -> None:
-        """Put the version's card (replacing an older version's in one put), then switch new
-        requests to it: the one instant of a swap."""
-        assert version.card is not None
-        await self._endpoint.register_model(version.card)
-        record = self.records[version.name]
-        for older in record.versions:
-            if older is not version and older.phase is Phase.PUBLISHED:
-                older.enter(Phase.DRAINING)
-        version.enter(Phase.PUBLISHED)
-
-    async def _discard(self, record: AdapterRecord, version: AdapterVersion) -> None:
-        """Undo a version that did not make it; any older one keeps serving."""
-        if version.phase is Phase.LOADED:  # a failed add leaves nothing in the engine
-            try:
-                await self._backend.remove_adapter(version.key)
-            except Exception:
-                log.exception("rollback failed: version stays in the engine", adapter=version.name,
-                              digest=version.digest)  # fmt: skip
-                version.enter(Phase.DRAINING)  # holds its slot; serves nothing
-                return
-        if version.path is not None:
-            self._source.release(version.uri)
-        if version in record.versions:
-            record.forget(version)
-
-    async def _retire(self, record: AdapterRecord, old: AdapterVersion) -> None:
-        """Let the old version's requests finish (up to ``DRAIN_TIMEOUT_S``), then remove it."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while old.busy and (left_s := deadline - time.monotonic()) > 0:
-            self._finished.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._finished.wait(), left_s)
-        if old.busy:
-            log.warning("drain timed out; removing the old version under its requests",
-                        adapter=old.name, digest=old.digest, running=old.busy)  # fmt: skip
-        try:
-            await self._backend.remove_adapter(old.key)
-        except Exception:
-            log.exception("old version not removed; it keeps its slot", adapter=old.name)
-            return
-        self._source.release(old.uri)
-        record.forget(old)
-
-    async def _unload_locked(self, record: AdapterRecord) -> None:
-        """Retract the card, then remove every version; the record keeps source and digest."""
-        serving = record.serving
-        assert serving is not None and serving.card is not None
-        if serving.phase is Phase.PUBLISHED:
-            await self._endpoint.unregister_model(serving.card)
-            serving.enter(Phase.LOADED)
-        for version in [v for v in record.versions if v.holds_slot]:
-            try:
-                await self._backend.remove_adapter(version.key)
-            except BaseException as exc:
-                log.warning("removing adapter failed; publishing it again",
-                            adapter=record.name, error=str(exc))  # fmt: skip
-                await self._publish(serving)
-                raise
-            self._source.release(version.uri)
-            record.forget(version)
-        log.info("adapter unloaded", adapter=record.name)
 
     def _check_id_collision(self, version: AdapterVersion) -> None:
         for record in self.records.values():
@@ -486,29 +368,6 @@ class LoraController:
                         f"loaded adapter {other.name!r}; rename one of them",
                         lora_name=version.name,
                     )
-
-    def _adapter_card(self, version: AdapterVersion) -> ModelDeploymentCard:
-        base, name = self._base_card, version.name
-        info = LoraInfo(
-            name=name, lora_id=version.lora_id, base_model=base.display_name,
-            uri=redact_uri(version.uri), local_path=str(version.path), digest=version.digest,
-        )  # fmt: skip
-        return msgspec.structs.replace(
-            base, display_name=name, slug=lora_slug(name), source_path=str(version.path), lora=info
-        )
-
-
-async def _step(step: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:
-    """Run one step of a load; a failure names the step, and for a swap which version still
-    serves."""
-    try:
-        await work
-    except LorafleetError as exc:
-        keeps = "" if old is None else f"; version {old.digest} keeps serving"
-        exc.message = f"{step} step failed: {exc.message}{keeps}"
-        exc.args = (exc.message,)
-        exc.fields.setdefault("step", step)
-        raise
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ from lorafleet.proto.adapters import (
 from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
 from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
+from lorafleet.worker.adapter_record import Role
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.eviction import IN_USE_S
@@ -120,8 +121,6 @@ class Placement:
         self._retries = LoadRetries()
         self._orders = RendezvousCache()
         self._placed: set[str] = set()
-        self._on_demand: set[str] = set()
-        """Loaded here while desired but not placed here: loaded on a frontend's demand."""
         self._changed = asyncio.Event()
         self._report: LoadReport | None = None
         self._task: asyncio.Task[None] | None = None
@@ -269,25 +268,19 @@ class Placement:
         plan = self.plan()
         mine = {name for name, where in plan.items() if self._instance_id in where}
         controller = self._controller
-        controller.assign({
-            name: Assignment(placed=name in mine, pinned=name in mine and spec.pinned)
-            for name, spec in specs.items()
-        })  # fmt: skip
-        self._retries.retain(mine | (set(controller.loaded) & specs.keys()))
+        controller.assign(
+            {n: Assignment(placed=n in mine, pinned=s.pinned) for n, s in specs.items()}
+        )
         loaded = set(controller.loaded)
+        self._retries.retain(mine | (loaded & specs.keys()))
         self._placed |= mine & loaded
-        for name in sorted(mine - loaded):
-            if self._retries.due(name):
-                await self._load(specs[name])
-        for name in sorted(loaded & specs.keys()):  # a changed source: swap, make before break
-            if controller.source(name) != specs[name].source.uri and self._retries.due(name):
-                await self._load(specs[name], replace=True)
-        self._on_demand &= set(controller.loaded)  # evicted or unloaded meanwhile
+        for name in sorted(mine | (loaded & specs.keys())):  # a changed source: swap versions
+            swap = name in loaded and controller.records[name].source != specs[name].source.uri
+            if (name not in loaded or swap) and self._retries.due(name):
+                await self._load(specs[name], replace=swap)
         for name in sorted(set(controller.loaded) - mine):
             if name in specs and name in self._placed and self._keeps_copy(name, plan):
                 self._placed.discard(name)  # the plan let go of it: on demand's from now on
-            if name in specs and name not in self._placed:
-                self._on_demand.add(name)
             if self._should_unload(name, name in specs, plan):
                 await self._unload(name)
 
@@ -305,7 +298,7 @@ class Placement:
 
     def _should_unload(self, name: str, desired: bool, plan: dict[str, list[int]]) -> bool:
         idle_s = self._controller.idle_s(name)
-        if name in self._on_demand and not desired:
+        if self._controller.records[name].role is Role.DELETED:
             return idle_s > 0  # deleted from the desired state: once idle
         if name in self._placed:  # no longer chosen: once idle, and once the copies the
             # plan wants are live (make before break: a moving copy is never missing)
@@ -331,7 +324,8 @@ class Placement:
                 self._report.mark_changed()
             return
         self._retries.succeeded(spec.name)  # the controller's change marks the record
-        self._placed.add(spec.name)
+        if not replace:  # a swap keeps the copy's role
+            self._placed.add(spec.name)
         log.info("placement loaded adapter", adapter=spec.name)
 
     async def _unload(self, name: str) -> None:
@@ -341,7 +335,6 @@ class Placement:
             log.warning("placement could not unload adapter", adapter=name, error=exc.message)
             return
         self._placed.discard(name)
-        self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)
 
 

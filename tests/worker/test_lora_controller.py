@@ -210,7 +210,7 @@ async def test_every_slot_pinned_or_busy_is_a_capacity_error_that_changes_nothin
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
-    controller.assign({"pirate": Assignment(placed=False, pinned=True)})
+    controller.assign({"pirate": Assignment(placed=True, pinned=True)})
     with controller.track("robot"), pytest.raises(CapacityError, match="pinned or busy"):
         await controller.load(_load("chef", uris["chef"]))
     before = {"pirate": _id("pirate"), "robot": _id("robot")}
