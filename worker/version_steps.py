@@ -168,13 +168,13 @@ class VersionSteps:
 
 
 async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:
-    """Run one step of a load; a failure names the step, and for a swap which version still
-    serves."""
+    """Run one step of a load; in a swap (``old`` serves) a failure names the step and the
+    version that keeps serving. A first load's errors read as they always did."""
     try:
         await work
     except LorafleetError as exc:
-        keeps = "" if old is None else f"; version {old.digest} keeps serving"
-        exc.message = f"{name} step failed: {exc.message}{keeps}"
-        exc.args = (exc.message,)
-        exc.fields.setdefault("step", name)
+        if old is not None:
+            exc.message = f"swap {name} step failed: {exc.message}; {old.digest} keeps serving"
+            exc.args = (exc.message,)
+            exc.fields.setdefault("step", name)
         raise

@@ -108,19 +108,24 @@ class MockerEngine(AdapterEngine):
         """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
         await asyncio.sleep(self.options.add_adapter_delay_s)
         if _matches(self.options.fail_add_adapter, name):
-            raise UpstreamError(f"mocker: adding adapter {name!r} failed as configured")
+            raise UpstreamError(f"mocker: adding adapter {_name(name)!r} failed as configured")
         self.adapters[name] = lora_id
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name``."""
         if _matches(self.options.fail_remove_adapter, name):
-            raise UpstreamError(f"mocker: removing adapter {name!r} failed as configured")
+            raise UpstreamError(f"mocker: removing adapter {_name(name)!r} failed as configured")
         del self.adapters[name]
 
 
+def _name(key: str) -> str:
+    """The adapter name of version ``key`` (``name@digest``)."""
+    return key.partition("@")[0]
+
+
 def _matches(pattern: str, key: str) -> bool:
-    """Whether a fault pattern names the adapter of version ``key`` (``name@digest``)."""
-    return bool(pattern) and re.fullmatch(pattern, key.partition("@")[0]) is not None
+    """Whether a fault pattern names the adapter of version ``key``."""
+    return bool(pattern) and re.fullmatch(pattern, _name(key)) is not None
 
 
 def _logprobs(text: str, top: int | None) -> list[TokenLogprob]:
