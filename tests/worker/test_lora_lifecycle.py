@@ -52,23 +52,40 @@ def lora_worker(worker_factory, tmp_path: Path):
 
 
 async def _cards(etcd, namespace: str) -> dict[str, int]:
+    return {
+        name: lora_int_id for name, (lora_int_id, _) in (await _versions(etcd, namespace)).items()
+    }
+
+
+async def _versions(etcd, namespace: str) -> dict[str, tuple[int, str]]:
+    """Adapter name -> (lora_id, digest), as the cards in etcd say."""
     listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
-    cards = [decode_card(kv.value) for kv in listing]
-    return {card.lora.name: card.lora.lora_id for card in cards if card.lora}
+    cards = [decode_card(kv.value).lora for kv in listing]
+    return {lora.name: (lora.lora_id, lora.digest) for lora in cards if lora}
 
 
 async def _loaded(client: httpx.AsyncClient) -> dict[str, int]:
+    return {name: lora_int_id for name, (lora_int_id, _) in (await _held(client)).items()}
+
+
+async def _held(client: httpx.AsyncClient) -> dict[str, tuple[int, str]]:
+    """Adapter name -> (lora_id, digest), as the engine's listing says."""
     response = await client.post("/engine/update/list_loras", json={})
     assert response.status_code == 200, response.text
-    return response.json()["loras"]
+    listed = response.json()
+    return {
+        name: (lora_int_id, listed["digests"][name])
+        for name, lora_int_id in listed["loras"].items()
+    }
 
 
 async def assert_invariant(client: httpx.AsyncClient, etcd, namespace: str) -> None:
-    """A card is in etcd exactly when its adapter is loaded in the engine."""
+    """A card is in etcd exactly when its adapter is loaded in the engine, with the id and
+    digest of the version the engine holds."""
     async with asyncio.timeout(10):  # the lease keeper may still be reconciling after a fault
-        while (cards := await _cards(etcd, namespace)) != (loaded := await _loaded(client)):
+        while (cards := await _versions(etcd, namespace)) != (held := await _held(client)):
             await asyncio.sleep(0.1)
-    assert cards == loaded
+    assert cards == held
 
 
 def _load_body(name: str, uri: str) -> dict:
