@@ -212,3 +212,21 @@ async def test_vllm_routes_answer_503_while_the_worker_stops(
         assert refused.status_code == 503, refused.text
         assert "shutting down" in refused.json()["error"]["message"]
     await running
+
+
+async def test_a_load_of_changed_files_under_the_same_path_swaps_to_them(
+    swap_worker, versions, etcd, namespace
+) -> None:
+    """``file://`` is read in place: new weights written over the old ones are a new
+    version, and loading the same path again swaps to it."""
+    worker = swap_worker()
+    body = {"lora_name": "swap", "source": {"uri": f"file://{versions['v1']}"}}
+    async with httpx.AsyncClient(base_url=worker.url, headers=AUTH) as client:
+        assert (await client.post("/v1/loras", json=body)).status_code == 200
+        (Path(versions["v1"]) / "adapter_model.safetensors").write_bytes(WEIGHTS["v2"])
+        again = await client.post("/v1/loras", json=body)
+    assert again.status_code == 200, again.text
+    assert "swapped" in again.json()["message"]
+    card = await _card(etcd, namespace, "swap")
+    assert card is not None and card.digest == again.json()["digest"]
+    assert card.digest == adapter_digest(weights=WEIGHTS["v2"])
