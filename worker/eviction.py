@@ -19,7 +19,7 @@ from lorafleet.proto.errors import CapacityError
 from lorafleet.worker.adapter_record import AdapterRecord, Role
 from lorafleet.worker.demand import DemandMeter
 
-__all__ = ["IN_USE_S", "Eviction", "FleetDemand"]
+__all__ = ["Eviction", "FleetDemand", "IN_USE_S"]
 
 IN_USE_S: Final = 2.0
 """An adapter with demand that served a request (or loaded) this recently is "in use": its

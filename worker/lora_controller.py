@@ -49,7 +49,7 @@ from lorafleet.worker.eviction import IN_USE_S, Eviction, FleetDemand
 from lorafleet.worker.lora import redact_uri
 from lorafleet.worker.version_steps import AdapterSource, VersionSteps, step
 
-__all__ = ["IN_USE_S", "AdapterSource", "Assignment", "ChangeListener", "LoraController"]
+__all__ = ["AdapterSource", "Assignment", "ChangeListener", "IN_USE_S", "LoraController"]
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,7 @@ from lorafleet.worker.engine import AdapterBackend, ModelEndpoint
 from lorafleet.worker.lora import redact_uri
 from lorafleet.worker.lora.digest import content_digest
 
-__all__ = ["DRAIN_TIMEOUT_S", "AdapterSource", "VersionSteps", "step"]
+__all__ = ["AdapterSource", "DRAIN_TIMEOUT_S", "VersionSteps", "step"]
 
 log = structlog.get_logger(__name__)
 
