@@ -402,3 +402,25 @@ async def test_sigkill_with_adapters_loaded_removes_all_cards_within_ttl(
     async with asyncio.timeout(2 + 1):
         while await etcd.get_prefix(f"v1/mdc/{namespace}/".encode()):
             await asyncio.sleep(0.05)
+
+
+async def test_etcd_unreachable_during_a_swap_keeps_the_old_version_and_its_card(
+    lora_worker, etcd, etcd_proxy, namespace, adapters, tmp_path
+):
+    """The publish step of a swap fails: the new version leaves the engine again, and the
+    old one keeps serving under its card."""
+    new = make_adapter_dir(tmp_path / "v2", "pirate", weights=b"\x02" * 16)
+    worker = await asyncio.to_thread(lora_worker, env={"ETCD_ENDPOINTS": etcd_proxy.url})
+    async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+        body = _load_body("pirate", adapters["pirate"])
+        assert (await client.post("/engine/update/load_lora", json=body)).status_code == 200
+        etcd_proxy.cut()
+        swap = {**_load_body("pirate", f"file://{new}"), "replace": True}
+        response = await client.post("/engine/update/load_lora", json=swap)
+        assert response.status_code == 503, response.text
+        answer = response.json()
+        assert answer["step"] == "publish" and f"{DIGEST} keeps serving" in answer["message"]
+        assert await _held(client) == {"pirate": (lora_id("pirate", DIGEST), DIGEST)}
+        etcd_proxy.restore()
+        await assert_invariant(client, etcd, namespace)
+        assert await _versions(etcd, namespace) == {"pirate": (lora_id("pirate", DIGEST), DIGEST)}
