@@ -68,6 +68,10 @@ class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=T
     """False: answer 429 ``capacity`` rather than evict a copy placement chose this instance
     for (placement would load it back: two loads for one). Frontends' on-demand loads ask
     every instance so first, then again allowing it."""
+    replace: bool = False
+    """True: swap an adapter loaded from another source to this one, make before break
+    (vLLM's ``load_inplace``). A load from the same source swaps only if its files
+    changed; the same weights are a no-op that says so."""
 
 
 class UnloadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
@@ -87,14 +91,18 @@ class LoraResponse(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=Fals
     message: str = ""
     lora_name: str | None = None
     lora_id: int | None = None
+    digest: str = ""
+    """The content digest of the version serving now (``sha256:<hex>``)."""
 
 
 class LoraListResponse(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer to a list: every loaded adapter's name and ``lora_id``."""
+    """Answer to a list: every loaded adapter's name, ``lora_id`` and digest."""
 
     loras: dict[str, int]
     count: int
     status: Literal["success", "error"] = "success"
+    digests: dict[str, str] = msgspec.field(default_factory=dict)
+    """Each adapter's content digest: the weights the engine holds for it."""
 
 
 class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):

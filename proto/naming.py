@@ -1,7 +1,8 @@
 """Names derived from an adapter's name: its etcd slug and vLLM's ``lora_int_id``.
 
-Both are pure functions of the name so that every worker derives the same
-values without talking to anyone. Edit only together with ARCHITECTURE.md.
+Both are pure functions (of the name, and for the id of the version's digest) so that
+every worker derives the same values without talking to anyone. Edit only together
+with ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ def lora_slug(name: str) -> str:
     return f"{readable}_{blake3.blake3(name.encode()).hexdigest()[-8:]}"
 
 
-def lora_id(name: str) -> int:
-    """Return the positive 31-bit id vLLM needs, the same for a name on every worker."""
-    digest = blake3.blake3(name.encode()).digest()
-    return (int.from_bytes(digest[:8], "big") & LORA_ID_MASK) or 1
+def lora_id(name: str, digest: str = "") -> int:
+    """Return the positive 31-bit id vLLM needs, the same for a version on every worker.
+
+    ``digest`` is the version's content digest (``worker.lora.digest``): a changed adapter
+    never shares an id, nor vLLM's prefix-cache entries, with its previous version
+    (vLLM issue 42125). Without one the id is the name's alone.
+    """
+    key = name if not digest else f"{name}\0{digest}"
+    hashed = blake3.blake3(key.encode()).digest()
+    return (int.from_bytes(hashed[:8], "big") & LORA_ID_MASK) or 1

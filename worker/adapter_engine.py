@@ -63,26 +63,31 @@ class AdapterEngine(LLMEngine):
         return self.lora.track(model) if self.lora is not None else contextlib.nullcontext()
 
     def resolve(self, model: str, handles: Mapping[str, Handle]) -> Handle | None:
-        """The engine's handle of the adapter ``model`` names, None for the base model;
-        raise ``NotFoundError`` for anything else."""
+        """The engine's handle of the version serving the adapter ``model`` names now (by its
+        key, ``name@digest``), None for the base model; ``NotFoundError`` for anything else.
+        Called in the same step as ``track_request``, so both see the same version."""
         if model == self.config.model_name:
             return None
-        handle = handles.get(model)
+        key = self.lora.engine_key(model) if self.lora is not None else model  # bare: by name
+        handle = handles.get(key) if key is not None else None
         if handle is None:
+            loaded = self.lora.loaded if self.lora is not None else sorted(handles)
             raise NotFoundError(
                 f"model {model!r} is not served here; base model {self.config.model_name!r}, "
-                f"adapters loaded: {sorted(handles)}"
+                f"adapters loaded: {loaded}"
             )
         return handle
 
     @abc.abstractmethod
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
-        """Make adapter ``name`` usable by ``generate``; raise a LorafleetError on failure.
+        """Make the adapter version keyed ``name`` (``adapter@digest``) usable by ``generate``;
+        raise a LorafleetError on failure.
 
         The controller has checked the name, the id and the slot; it never adds a
-        name twice without removing it in between.
+        key twice without removing it in between. Two versions of one adapter may be
+        held at once during a swap.
         """
 
     @abc.abstractmethod
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving adapter ``name`` (which the controller knows is loaded)."""
+        """Stop serving the version keyed ``name`` (which the controller knows is loaded)."""

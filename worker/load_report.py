@@ -93,7 +93,7 @@ class LoadReport:
             demand=controller.demand.rates(),
             failed=dict(sorted(self._failures().items())),
             evicts=evicts,
-            evicts_placed=evicts in controller.placed,
+            evicts_placed=controller.is_placed(evicts),
         )
 
     async def aclose(self) -> None:

@@ -1,34 +1,29 @@
-"""The LoRA lifecycle, once for every engine: validate, lock, resolve, add, publish, roll back.
+"""The LoRA lifecycle, once for every engine: validate, lock, fetch, add, publish, swap, roll back.
 
-Invariant: a card is in etcd exactly when its adapter is loaded in the engine.
-Load adds to the engine, then publishes; a failed publish removes it again.
-Unload retracts first, then removes; a failed removal publishes again.
-The controller is the one ledger of adapters: it owns the slots (``max_loras``
-of the base card), the ids and their collisions, and eviction. Engines supply
-only ``add_adapter``/``remove_adapter`` (``AdapterBackend``) and keep a name to
-handle map; callers in the worker pass typed requests, and the engine registry
-converts them from and to the wire. When a load needs a slot, eviction takes the
-adapter the fleet asks least for (``FleetDemand``; least recently used breaks
-ties; one loaded within ``in_use_s`` that has served nothing yet goes last), never a
-pinned or busy one, nor the last warm copy of one in use (fleet demand of at least
-``IN_USE_RPS`` and a request served here within the last ``in_use_s``).
+Invariant: a card is in etcd exactly when its adapter is loaded in the engine, and
+the card's digest is the digest of the version new requests go to. Load adds to the
+engine, then publishes; a failed publish removes it again. Unload retracts first,
+then removes; a failed removal publishes again. A load of a loaded name with other
+weights (``replace``, vLLM's ``load_inplace``, a changed source or changed files) is a
+make-before-break swap: the new version is added beside the old one, its card
+replaces the old card in one put, the old version drains and is removed
+(``worker.version_steps``); a failed step leaves the old version serving and names
+the step. The controller keeps one :class:`AdapterRecord` per name
+(``worker.adapter_record``) and owns the slots (``max_loras`` of the base card), the
+ids and eviction (``worker.eviction``). Engines supply only
+``add_adapter``/``remove_adapter`` under a version's key (``name@digest``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
-import msgspec
 import structlog
 
-from lorafleet.fleet.placement import IN_USE_RPS
 from lorafleet.proto.adapters import (
     ListLorasRequest,
     LoadLoraRequest,
@@ -37,75 +32,39 @@ from lorafleet.proto.adapters import (
     UnloadLoraRequest,
     validate_lora_name,
 )
-from lorafleet.proto.discovery import LoraInfo, ModelDeploymentCard
+from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
-    CapacityError,
     ConflictError,
     InvalidRequestError,
     LorafleetError,
     NotFoundError,
 )
 from lorafleet.proto.limits import shorten
-from lorafleet.proto.naming import lora_id, lora_slug
 from lorafleet.proto.uris import split_uri
 from lorafleet.worker import metrics
+from lorafleet.worker.adapter_record import AdapterRecord, AdapterVersion, Phase, Role
 from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
+from lorafleet.worker.eviction import IN_USE_S, Eviction, FleetDemand
 from lorafleet.worker.lora import redact_uri
+from lorafleet.worker.version_steps import AdapterSource, VersionSteps, step
 
-__all__ = ["AdapterSource", "ChangeListener", "FleetDemand", "LoadedAdapter", "LoraController"]
+__all__ = ["AdapterSource", "Assignment", "ChangeListener", "IN_USE_S", "LoraController"]
 
 log = structlog.get_logger(__name__)
-
-IN_USE_S: Final = 2.0
-"""An adapter with demand that served a request (or loaded) this recently is "in use": its
-last warm copy is never evicted (``--lora-in-use-s``)."""
 
 ChangeListener: TypeAlias = Callable[[], None]
 """Called when the loaded or loading adapters, or the requests in flight, change."""
 
 
-class FleetDemand(Protocol):
-    """What eviction needs to know about the fleet (the worker's placement answers it)."""
+@dataclass(frozen=True, kw_only=True)
+class Assignment:
+    """Placement's word on one desired adapter of this base model."""
 
-    def demand_rps(self, name: str) -> float:
-        """Requests per second for ``name`` across the fleet, recently."""
-        ...
-
-    def copies(self, name: str) -> int:
-        """Live instances holding ``name`` now (this one included)."""
-        ...
-
-
-class AdapterSource(Protocol):
-    """What the lifecycle needs from the LoRA manager: resolve a URI to a local directory."""
-
-    def supported_schemes(self) -> frozenset[str]:
-        """URI schemes that can be loaded."""
-        ...
-
-    async def acquire(self, uri: str) -> Path:
-        """Download (or find cached) and mark in use by a loaded adapter."""
-        ...
-
-    def release(self, uri: str) -> None:
-        """The adapter from ``uri`` was unloaded; its cache entry may be evicted."""
-        ...
-
-
-@dataclass
-class LoadedAdapter:
-    """An adapter in the engine, and whether its card is in etcd."""
-
-    card: ModelDeploymentCard
-    uri: str
-    published: bool = False
-
-    @property
-    def lora_id(self) -> int:
-        """vLLM's ``lora_int_id`` of this adapter."""
-        assert self.card.lora is not None
-        return self.card.lora.lora_id
+    placed: bool
+    """The fleet-wide plan puts it on this instance."""
+    pinned: bool = False
+    """The desired state pins it: a copy placed here is never evicted."""
 
 
 class LoraController:
@@ -126,49 +85,73 @@ class LoraController:
         source: AdapterSource,
         base_card: ModelDeploymentCard,
     ) -> None:
-        self._backend = backend
-        self._endpoint = endpoint
-        self._source = source
+        self._steps = VersionSteps(
+            backend=backend, endpoint=endpoint, source=source, base_card=base_card
+        )
         self._base_card = base_card
         self._max_loras = base_card.runtime_config.max_loras
-        self.loaded: dict[str, LoadedAdapter] = {}
-        self._adding: set[str] = set()
-        """Names holding a slot while the engine adds them (not yet in ``loaded``)."""
-        self.pinned: set[str] = set()
-        """Adapters never evicted to make room (the fleet's ``pinned`` desired state)."""
-        self.placed: set[str] = set()
-        """Adapters placement chose this instance for: evicted only after the others."""
-        self.loading: set[str] = set()
-        """Adapters whose load runs now (download or engine add; no card yet)."""
+        self.records: dict[str, AdapterRecord] = {}
+        """Every adapter this worker holds, loads, or was evicted from holding (by name)."""
+        self._plan: Mapping[str, Assignment] = {}
         self.demand = DemandMeter()
         """This worker's request rates per adapter (published in its load record)."""
-        self.fleet: FleetDemand | None = None
-        """The fleet's demand and copies; without it eviction sees this worker alone."""
-        self.in_use_s: float = IN_USE_S
-        """An adapter used this recently is "in use": its last warm copy is not evicted."""
+        self.eviction = Eviction(self.records, self.demand)
         self.on_change: ChangeListener = lambda: None
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._last_used: dict[str, float] = {}
-        self._unserved: set[str] = set()
-        """Loaded adapters that have not served a request since: their first is on its way."""
-        self._busy: Counter[str] = Counter()
+        self._base_busy = 0
         self._observe_slots()
+
+    def attach_fleet(
+        self, fleet: FleetDemand | None, *, demand: DemandMeter | None = None,
+        in_use_s: float = IN_USE_S,
+    ) -> None:  # fmt: skip
+        """Let eviction weigh the fleet's demand and copies (placement calls this once)."""
+        if demand is not None:
+            self.demand = demand
+        self.eviction = Eviction(self.records, self.demand, fleet=fleet, in_use_s=in_use_s)
+
+    def assign(self, plan: Mapping[str, Assignment]) -> None:
+        """Placement's plan for the desired adapters of this base model: roles and pins."""
+        self._plan = plan
+        for record in self.records.values():
+            self._apply_plan(record)
+
+    def _apply_plan(self, record: AdapterRecord) -> None:
+        assignment = self._plan.get(record.name)
+        record.pinned = assignment is not None and assignment.placed and assignment.pinned
+        if assignment is not None:
+            record.role = Role.PLACED if assignment.placed else Role.DECLARED
+        elif record.role is not Role.UNMANAGED:
+            record.role = Role.DELETED
 
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
-        """Mark ``model`` busy while a request runs; busy adapters are never evicted."""
-        self._busy[model] += 1
-        self._last_used[model] = time.monotonic()
-        self._unserved.discard(model)
-        if model in self.loaded:
+        """Count a request on the version serving ``model`` now (busy versions are never
+        removed while it runs, and a draining one waits for it)."""
+        record = self.records.get(model)
+        version = record.serving if record is not None else None
+        if record is not None and version is not None:
+            version.busy += 1
+            record.last_used, record.unserved = time.monotonic(), False
             self.demand.record(model)
+        else:
+            self._base_busy += 1
         self.on_change()
         try:
             yield
         finally:
-            self._busy[model] -= 1
-            self._last_used[model] = time.monotonic()
+            if record is not None and version is not None:
+                version.busy -= 1
+                record.last_used = time.monotonic()
+            else:
+                self._base_busy -= 1
+            self._steps.request_ended()
             self.on_change()
+
+    def engine_key(self, model: str) -> str | None:
+        """The engine's key of the version serving adapter ``model``; None if none is."""
+        record = self.records.get(model)
+        version = record.serving if record is not None else None
+        return version.key if version is not None else None
 
     @property
     def base_model(self) -> str:
@@ -177,19 +160,37 @@ class LoraController:
 
     @property
     def max_loras(self) -> int:
-        """Adapter slots: adapters loaded or loading at once."""
+        """Adapter slots: adapter versions loaded or being added at once."""
         return self._max_loras
+
+    @property
+    def loaded(self) -> list[str]:
+        """Names of the adapters that serve requests now, sorted."""
+        return sorted(name for name, r in self.records.items() if r.serving is not None)
+
+    @property
+    def loading(self) -> list[str]:
+        """Names of the adapters with a version on its way in, sorted."""
+        return sorted(name for name, record in self.records.items() if record.loading)
 
     @property
     def in_flight(self) -> int:
         """Requests being served now (base model and adapters)."""
-        return sum(self._busy.values())
+        return self._base_busy + sum(record.busy for record in self.records.values())
 
     def idle_s(self, name: str) -> float:
         """Seconds since ``name`` was loaded or last served a request; 0 while busy."""
-        if self._busy[name]:
-            return 0.0
-        return time.monotonic() - self._last_used.get(name, 0.0)
+        record = self.records.get(name)
+        return 0.0 if record is None else record.idle_s(time.monotonic())
+
+    def eviction_candidate(self) -> str | None:
+        """The adapter a load would evict now (``worker.eviction``), None if none may go."""
+        return self.eviction.candidate()
+
+    def is_placed(self, name: str) -> bool:
+        """Whether placement's plan puts ``name`` on this instance."""
+        record = self.records.get(name)
+        return record is not None and record.role is Role.PLACED
 
     def routes(self) -> dict[str, EngineRoute[Any]]:
         """The engine updates this controller serves, with the body each one decodes."""
@@ -200,68 +201,90 @@ class LoraController:
         }
 
     async def load(self, request: LoadLoraRequest) -> LoraResponse:
-        """Load and publish an adapter; idempotent for a name loaded from the same URI."""
+        """Load and publish an adapter, or swap a loaded one to other weights (make before
+        break); a no-op for the same weights."""
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         uri = self._check_uri(name, request.source.uri)
-        with self._loading(name):
-            async with self._lock(name):
-                started = time.perf_counter()
-                with _counted("load", name):
-                    message = await self._load_locked(name, uri, request.evict_placed)
-                metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
-        self._observe_slots()
-        return LoraResponse(
-            status="success", message=message, lora_name=name, lora_id=lora_id(name)
-        )
+        record = await self._locked_record(name, uri)
+        try:
+            started = time.perf_counter()
+            with _counted("load", name):
+                message = await self._load_locked(record, uri, request)
+            metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
+        finally:
+            record.lock.release()
+            self._forget_if_empty(record)
+            self._observe_slots()
+            self.on_change()
+        serving = record.serving
+        assert serving is not None
+        return LoraResponse(status="success", message=message, lora_name=name,
+                            lora_id=serving.lora_id, digest=serving.digest)  # fmt: skip
 
     async def unload(self, request: UnloadLoraRequest) -> LoraResponse:
         """Retract and remove an adapter; on a failed removal the card is published again."""
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
-        async with self._lock(name):
+        record = self.records.get(name)
+        serving = record.serving if record is not None else None
+        if record is None or serving is None:
+            raise NotFoundError(
+                f"adapter {name!r} is not loaded; loaded adapters: {self.loaded}", lora_name=name
+            )
+        async with record.lock:
             with _counted("unload", name):
-                adapter = self._loaded_or_error(name)
-                await self._unload_locked(name, adapter)
+                if record.serving is None or self.records.get(name) is not record:
+                    raise NotFoundError(f"adapter {name!r} was unloaded meanwhile")
+                await self._steps.remove_all(record)
+            del self.records[name]
         self._observe_slots()
         self.on_change()
-        return LoraResponse(
-            status="success",
-            message=f"adapter {name!r} unloaded",
-            lora_name=name,
-            lora_id=adapter.lora_id,
-        )
+        message = f"adapter {name!r} unloaded"
+        return LoraResponse(status="success", message=message, lora_name=name,
+                            lora_id=serving.lora_id, digest=serving.digest)  # fmt: skip
 
-    @contextlib.contextmanager
-    def _loading(self, name: str) -> Iterator[None]:
-        """Show ``name`` as loading while its load runs (the load record's ``loading``)."""
-        if name not in self.loaded:
-            self.loading.add(name)
-            self.on_change()
-        try:
-            yield
-        finally:
-            self.loading.discard(name)
-            self.on_change()
-
-    def _observe_slots(self) -> None:
-        """Publish the slots and loaded adapters as metrics (vLLM's ``lora_requests_info``)."""
-        model_name = self._base_card.display_name
-        metrics.observe_lora_state(model_name, self._max_loras, list(self.loaded))
+    async def _locked_record(self, name: str, uri: str) -> AdapterRecord:
+        """The record of ``name`` (new if none), locked; an unload that removed it while
+        this waited for its lock leaves a new one to take."""
+        while True:
+            record = self.records.get(name)
+            if record is None:
+                record = self.records[name] = AdapterRecord(name=name, source=uri)
+                self._apply_plan(record)
+            await record.lock.acquire()
+            if self.records.get(name) is record:
+                return record
+            record.lock.release()
 
     def list(self) -> LoraListResponse:
-        """Every loaded adapter's name and ``lora_id``."""
-        loras = {name: adapter.lora_id for name, adapter in sorted(self.loaded.items())}
-        return LoraListResponse(loras=loras, count=len(loras))
+        """Every serving adapter's name, ``lora_id`` and digest."""
+        serving = {name: record.serving for name, record in sorted(self.records.items())}
+        live = {name: version for name, version in serving.items() if version is not None}
+        return LoraListResponse(
+            loras={name: version.lora_id for name, version in live.items()},
+            count=len(live),
+            digests={name: version.digest for name, version in live.items()},
+        )
 
     async def _list_route(self, _: ListLorasRequest) -> LoraListResponse:
         return self.list()
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    def _observe_slots(self) -> None:
+        """Publish the slots and loaded adapters as metrics (vLLM's ``lora_requests_info``)."""
+        metrics.observe_lora_state(self._base_card.display_name, self._max_loras, self.loaded)
+
+    def _forget_if_empty(self, record: AdapterRecord) -> None:
+        """Drop a record that never held a version (a first load that failed)."""
+        if (
+            not record.versions
+            and not record.last_digest
+            and self.records.get(record.name) is record
+        ):
+            del self.records[record.name]
 
     def _check_uri(self, name: str, uri: str) -> str:
         shown = shorten(redact_uri(uri))
         parts = split_uri(uri)
-        supported = sorted(self._source.supported_schemes())
+        supported = sorted(self._steps.source.supported_schemes())
         if parts is None:
             raise InvalidRequestError(
                 f"source.uri {shown!r} of adapter {name!r} is not a URI; use e.g. "
@@ -276,183 +299,75 @@ class LoraController:
             )
         return uri
 
-    async def _load_locked(self, name: str, uri: str, evict_placed: bool) -> str:
-        existing = self.loaded.get(name)
-        if existing is not None:
-            return await self._reload(name, uri, existing)
-        path = await self._source.acquire(uri)
-        try:
-            await self._add(name, path, evict_placed)
-        except BaseException:
-            self._source.release(uri)
-            raise
-        adapter = LoadedAdapter(card=self._adapter_card(name, uri, path), uri=uri)
-        self.loaded[name] = adapter
-        self._last_used[name] = time.monotonic()
-        self._unserved.add(name)
-        await self._publish_or_roll_back(name, adapter)
-        log.info("adapter loaded", adapter=name, uri=redact_uri(uri), path=str(path))
-        return f"adapter {name!r} loaded from {redact_uri(uri)}"
-
-    async def _add(self, name: str, path: Path, evict_placed: bool) -> None:
-        """Take a slot for ``name`` and add it to the engine; the slot is freed if that fails."""
-        await self._take_slot(name, evict_placed)
-        try:
-            await self._backend.add_adapter(name, lora_id(name), path)
-        finally:
-            self._adding.discard(name)
-
-    async def _take_slot(self, name: str, evict_placed: bool) -> None:
-        """Reserve a slot, evicting ``eviction_candidate`` while all are taken."""
-        while True:
-            self._check_id_collision(name)  # again after each await: others may have come
-            if len(self.loaded) + len(self._adding) < self._max_loras:
-                break
-            victim = self.eviction_candidate()
-            taken = f"all {self._max_loras} adapter slots are taken by " + str(
-                sorted([*self.loaded, *self._adding])
-            )
-            if victim is None:
-                raise CapacityError(
-                    f"cannot load adapter {name!r}: every adapter slot is pinned or busy (or the "
-                    f"last warm copy of an adapter in use); {taken}; unload one first",
-                    lora_name=name,
-                )
-            if victim in self.placed and not evict_placed:
-                raise CapacityError(
-                    f"cannot load adapter {name!r} without evicting {victim!r}, which placement "
-                    f"chose this instance for, and the load asked to keep placed copies "
-                    f"(evict_placed: false); {taken}",
-                    lora_name=name,
-                )
-            log.info("evicting the adapter the fleet asks least for", adapter=victim,
-                     for_adapter=name, fleet_demand_rps=self._fleet_demand(victim))  # fmt: skip
-            async with self._lock(victim):
-                if victim in self.loaded:
-                    await self._unload_locked(victim, self.loaded[victim])
-        self._adding.add(name)
-
-    def eviction_candidate(self) -> str | None:
-        """One that has served since its load before one just loaded, not placed here before
-        placed, then the least fleet demand, then least recently used."""
-        free = [
-            name
-            for name in self.loaded
-            if name not in self.pinned
-            and not self._busy[name]
-            and not self._lock(name).locked()
-            and not self._last_warm_copy_in_use(name)
-        ]
-        return min(
-            free,
-            key=lambda name: (
-                self._just_loaded(name), name in self.placed, self._fleet_demand(name),
-                self._last_used.get(name, 0.0),
-            ),
-            default=None,
-        )  # fmt: skip
-
-    def _fleet_demand(self, name: str) -> float:
-        return self.demand.rate(name) if self.fleet is None else self.fleet.demand_rps(name)
-
-    def _just_loaded(self, name: str) -> bool:
-        """Loaded less than ``in_use_s`` ago and no request served since: the requests that
-        waited for the load are on their way, so it goes last. A cold adapter has no demand
-        yet, and by demand alone it went first (``bench.placement``: evicted 1 ms after its
-        load, its requests waited out the frontend's 60 s on-demand timeout)."""
-        return name in self._unserved and self.idle_s(name) < self.in_use_s
-
-    def _last_warm_copy_in_use(self, name: str) -> bool:
-        """No card on another instance, fleet demand of at least ``IN_USE_RPS``, and a
-        request served within ``in_use_s`` (or the load then: its waiting requests are on
-        their way). Demand alone is not enough: at 25 req/s over Zipf-distributed adapters
-        more adapters pass ``IN_USE_RPS`` than there are slots, and cold loads then found
-        no slot at all (``bench.placement``)."""
-        copies = 1 if self.fleet is None else self.fleet.copies(name)
-        return (
-            copies <= 1
-            and self.idle_s(name) < self.in_use_s
-            and self._fleet_demand(name) >= IN_USE_RPS
-        )
-
-    async def _reload(self, name: str, uri: str, existing: LoadedAdapter) -> str:
-        if existing.uri != uri:
+    async def _load_locked(self, record: AdapterRecord, uri: str, request: LoadLoraRequest) -> str:
+        old = record.serving
+        if old is not None and old.uri != uri and not request.replace:
             raise ConflictError(
-                f"adapter {name!r} is already loaded from {redact_uri(existing.uri)}; unload it "
-                f"before loading it from {redact_uri(uri)}",
-                lora_name=name,
+                f"adapter {record.name!r} is already loaded from {redact_uri(old.uri)}; swap it "
+                f"with replace: true (vLLM: load_inplace) or unload it before loading it from "
+                f"{redact_uri(uri)}",
+                lora_name=record.name,
             )
-        if existing.published:
-            return f"adapter {name!r} is already loaded"
-        await self._endpoint.register_model(existing.card)
-        existing.published = True
-        return f"adapter {name!r} was loaded but not published; published it"
-
-    async def _publish_or_roll_back(self, name: str, adapter: LoadedAdapter) -> None:
+        new = AdapterVersion(name=record.name, uri=uri)
+        record.versions.append(new)
         try:
-            await self._endpoint.register_model(adapter.card)
-        except BaseException as exc:
-            await self._roll_back_add(name, adapter, exc)
+            await step("fetch", old, self._steps.fetch(new))
+            if old is not None and new.digest == old.digest:
+                return await self._same_weights(record, old, new)
+            await step("slot", old, self._take_slot(new, request.evict_placed))
+            await step("add", old, self._steps.add(new))
+            await step("publish", old, self._steps.publish(record, new))
+        except BaseException:
+            await self._steps.discard(record, new)
             raise
-        adapter.published = True
+        record.source, record.unserved, record.last_used = uri, True, time.monotonic()
+        if old is None:
+            log.info("adapter loaded", adapter=record.name, uri=redact_uri(uri), digest=new.digest)
+            return f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})"
+        await self._steps.retire(record, old)
+        log.info("adapter swapped", adapter=record.name, old=old.digest, new=new.digest)
+        return f"adapter {record.name!r} swapped from {old.digest} to {new.digest}"
 
-    async def _roll_back_add(self, name: str, adapter: LoadedAdapter, cause: BaseException) -> None:
-        log.warning("publishing adapter card failed; removing it", adapter=name, error=str(cause))
-        try:
-            await self._backend.remove_adapter(name)
-        except Exception:
-            log.exception("rollback failed: adapter stays loaded, unpublished", adapter=name)
-            return
-        del self.loaded[name]
-        self._source.release(adapter.uri)
-
-    async def _unload_locked(self, name: str, adapter: LoadedAdapter) -> None:
-        if adapter.published:
-            await self._endpoint.unregister_model(adapter.card)
-            adapter.published = False
-        try:
-            await self._backend.remove_adapter(name)
-        except BaseException as exc:
-            log.warning(
-                "removing adapter failed; publishing it again", adapter=name, error=str(exc)
-            )
-            await self._endpoint.register_model(adapter.card)
-            adapter.published = True
-            raise
-        del self.loaded[name]
-        self._last_used.pop(name, None)
-        self._unserved.discard(name)
-        self._source.release(adapter.uri)
-        log.info("adapter unloaded", adapter=name)
-
-    def _loaded_or_error(self, name: str) -> LoadedAdapter:
-        adapter = self.loaded.get(name)
-        if adapter is None:
-            raise NotFoundError(
-                f"adapter {name!r} is not loaded; loaded adapters: {sorted(self.loaded)}",
-                lora_name=name,
-            )
-        return adapter
-
-    def _check_id_collision(self, name: str) -> None:
-        new_id = lora_id(name)
-        for other in [*self.loaded, *self._adding]:
-            if lora_id(other) == new_id:
-                raise ConflictError(
-                    f"adapter {name!r} has lora_id {new_id}, the same as loaded adapter "
-                    f"{other!r}; rename one of them",
-                    lora_name=name,
-                )
-
-    def _adapter_card(self, name: str, uri: str, path: Path) -> ModelDeploymentCard:
-        base = self._base_card
-        info = LoraInfo(
-            name=name, lora_id=lora_id(name), base_model=base.display_name,
-            uri=redact_uri(uri), local_path=str(path),
-        )  # fmt: skip
-        return msgspec.structs.replace(
-            base, display_name=name, slug=lora_slug(name), source_path=str(path), lora=info
+    async def _same_weights(
+        self, record: AdapterRecord, old: AdapterVersion, new: AdapterVersion
+    ) -> str:
+        """The asked-for weights are the ones serving: nothing changes (a lost publish is
+        retried)."""
+        self._steps.source.release(new.uri)
+        record.versions.remove(new)
+        if old.phase is Phase.LOADED:
+            await self._steps.publish(record, old)
+            return f"adapter {record.name!r} was loaded but not published; published it"
+        return (
+            f"adapter {record.name!r} is already loaded with these weights ({old.digest}); "
+            "nothing changed"
         )
+
+    async def _take_slot(self, version: AdapterVersion, evict_placed: bool) -> None:
+        """Reserve a slot, evicting ``Eviction.candidate`` while all are taken."""
+        while True:
+            self._check_id_collision(version)  # again after each await: others may have come
+            if sum(record.slots for record in self.records.values()) < self._max_loras:
+                break
+            victim = self.eviction.victim_for(version.name, self._max_loras, evict_placed)
+            log.info("evicting the adapter the fleet asks least for", adapter=victim.name,
+                     for_adapter=version.name)  # fmt: skip
+            async with victim.lock:
+                if victim.serving is not None:
+                    await self._steps.remove_all(victim)
+                    log.info("adapter evicted; its record keeps source and digest",
+                             adapter=victim.name, role=victim.role.value)  # fmt: skip
+        version.enter(Phase.RESERVED)
+
+    def _check_id_collision(self, version: AdapterVersion) -> None:
+        for record in self.records.values():
+            for other in record.versions:
+                if other is not version and other.holds_slot and other.lora_id == version.lora_id:
+                    raise ConflictError(
+                        f"adapter {version.name!r} has lora_id {version.lora_id}, the same as "
+                        f"loaded adapter {other.name!r}; rename one of them",
+                        lora_name=version.name,
+                    )
 
 
 @contextlib.contextmanager

@@ -46,11 +46,13 @@ from lorafleet.proto.adapters import (
 from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
 from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
+from lorafleet.worker.adapter_record import Role
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
+from lorafleet.worker.eviction import IN_USE_S
 from lorafleet.worker.load_report import LoadReport
 from lorafleet.worker.load_retries import LoadRetries
-from lorafleet.worker.lora_controller import IN_USE_S, LoraController
+from lorafleet.worker.lora_controller import Assignment, LoraController
 
 __all__ = ["Placement", "PlacementPolicy", "PlacementSettings"]
 
@@ -138,8 +140,6 @@ class Placement:
         self._retries = LoadRetries()
         self._orders = RendezvousCache()
         self._placed: set[str] = set()
-        self._on_demand: set[str] = set()
-        """Loaded here while desired but not placed here: loaded on a frontend's demand."""
         self._changed = asyncio.Event()
         self._report: LoadReport | None = None
         self._task: asyncio.Task[None] | None = None
@@ -163,9 +163,8 @@ class Placement:
             controller=controller, instance_id=lease.lease_id, specs=specs, cards=cards,
             loads=loads, settings=settings,
         )  # fmt: skip
-        controller.demand = DemandMeter(half_life_s=settings.demand_half_life_s)
-        controller.in_use_s = settings.in_use_s
-        controller.fleet = placement
+        demand = DemandMeter(half_life_s=settings.demand_half_life_s)
+        controller.attach_fleet(placement, demand=demand, in_use_s=settings.in_use_s)
         placement._report = LoadReport.start(
             lease, load_key, controller=controller, failures=lambda: placement._retries.failures
         )
@@ -182,7 +181,7 @@ class Placement:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._report is not None:
             await self._report.aclose()
-        self._controller.fleet = None
+        self._controller.attach_fleet(None)
         for cache in (self._specs, self._cards, self._loads):
             await cache.aclose()
 
@@ -248,7 +247,7 @@ class Placement:
             for name, spec in specs.items()
         }
         held = self._held(peers)
-        held[self._instance_id] |= self._controller.loaded.keys()  # before its card shows
+        held[self._instance_id] |= set(self._controller.loaded)  # before its card shows
         demand = self._published_demand(specs)
         return plan_copies(copies, peers, held=held, demand=demand, cache=self._orders)
 
@@ -288,19 +287,19 @@ class Placement:
         plan = self.plan()
         mine = {name for name, where in plan.items() if self._instance_id in where}
         controller = self._controller
-        controller.pinned = {name for name in mine if specs[name].pinned}
-        controller.placed = mine
-        self._retries.retain(mine)
-        self._placed |= mine & controller.loaded.keys()
-        for name in sorted(mine - controller.loaded.keys()):
-            if self._retries.due(name):
-                await self._load(specs[name])
-        self._on_demand &= controller.loaded.keys()  # evicted or unloaded meanwhile
-        for name in sorted(controller.loaded.keys() - mine):
+        controller.assign(
+            {n: Assignment(placed=n in mine, pinned=s.pinned) for n, s in specs.items()}
+        )
+        loaded = set(controller.loaded)
+        self._retries.retain(mine | (loaded & specs.keys()))
+        self._placed |= mine & loaded
+        for name in sorted(mine | (loaded & specs.keys())):  # a changed source: swap versions
+            swap = name in loaded and controller.records[name].source != specs[name].source.uri
+            if (name not in loaded or swap) and self._retries.due(name):
+                await self._load(specs[name], replace=swap)
+        for name in sorted(set(controller.loaded) - mine):
             if name in specs and name in self._placed and self._keeps_copy(name, plan):
                 self._placed.discard(name)  # the plan let go of it: on demand's from now on
-            if name in specs and name not in self._placed:
-                self._on_demand.add(name)
             if self._should_unload(name, name in specs, plan):
                 await self._unload(name)
 
@@ -318,18 +317,19 @@ class Placement:
 
     def _should_unload(self, name: str, desired: bool, plan: dict[str, list[int]]) -> bool:
         idle_s = self._controller.idle_s(name)
-        if name in self._on_demand and not desired:
+        if self._controller.records[name].role is Role.DELETED:
             return idle_s > 0  # deleted from the desired state: once idle
         if name in self._placed:  # no longer chosen: once idle, and once the copies the
             # plan wants are live (make before break: a moving copy is never missing)
             return idle_s > 0 and (not desired or self.copies(name) > len(plan.get(name, ())))
         return desired and idle_s > self._settings.idle_unload_s  # on demand: while used
 
-    async def _load(self, spec: AdapterSpec) -> None:
+    async def _load(self, spec: AdapterSpec, *, replace: bool = False) -> None:
         try:
             # evict_placed=False: the only other copies it could evict are ones the plan
             # also wants here, which then evicted each other in turn (bench.placement)
-            load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=False)
+            load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=False,
+                                   replace=replace)  # fmt: skip
             await self._controller.load(load)
         except (CapacityError, UnavailableError) as exc:
             # Not the adapter's failure: this worker is full (every slot pinned, busy,
@@ -343,7 +343,8 @@ class Placement:
                 self._report.mark_changed()
             return
         self._retries.succeeded(spec.name)  # the controller's change marks the record
-        self._placed.add(spec.name)
+        if not replace:  # a swap keeps the copy's role
+            self._placed.add(spec.name)
         log.info("placement loaded adapter", adapter=spec.name)
 
     async def _unload(self, name: str) -> None:
@@ -353,5 +354,4 @@ class Placement:
             log.warning("placement could not unload adapter", adapter=name, error=exc.message)
             return
         self._placed.discard(name)
-        self._on_demand.discard(name)
         log.info("placement unloaded adapter", adapter=name)

@@ -51,12 +51,15 @@ __all__ = [
     "is_mutating",
     "read_json_object",
     "reply_response",
+    "retry_after",
 ]
 
 MAX_BODY_BYTES: Final = 1 << 20
 """Bodies larger than this are refused with 413; adapter admin bodies are tiny."""
 CLOSE_TIMEOUT_S: Final = 1
 """At shutdown, requests still running on the status server after this are cancelled."""
+RETRY_AFTER_S: Final = 1
+"""A 429 (no free adapter slot) asks the caller to try again after this many seconds."""
 _HTTP_MESSAGES: Final = {
     405: "method not allowed",
     413: f"request body too large: the status server reads at most {MAX_BODY_BYTES} bytes",
@@ -102,8 +105,14 @@ class StatusState:
 
 
 def reply_response(reply: UpdateReply) -> Response[Any]:
-    """An engine reply as an HTTP JSON response."""
-    return Response(reply.body, status_code=reply.status_code, media_type=MediaType.JSON)
+    """An engine reply as an HTTP JSON response; a 429 says when to try again."""
+    return Response(reply.body, status_code=reply.status_code, media_type=MediaType.JSON,
+                    headers=retry_after(reply.status_code))  # fmt: skip
+
+
+def retry_after(status_code: int) -> dict[str, str]:
+    """``Retry-After`` for a 429 (every slot pinned or busy: one may free up soon)."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if status_code == 429 else {}
 
 
 def error_response(

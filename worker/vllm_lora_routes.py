@@ -15,6 +15,7 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.enums import MediaType
 
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource
 from lorafleet.proto.errors import InvalidRequestError, UnauthorizedError
 from lorafleet.proto.inference import UpdateReply
 from lorafleet.proto.vllm_lora import (
@@ -30,7 +31,7 @@ from lorafleet.proto.vllm_lora import (
     vllm_not_found,
     vllm_success_message,
 )
-from lorafleet.worker.status_server import StatusState, read_json_object
+from lorafleet.worker.status_server import StatusState, read_json_object, retry_after
 
 __all__ = ["load_lora_adapter", "unload_lora_adapter"]
 
@@ -38,7 +39,9 @@ _Body = TypeVar("_Body", bound=msgspec.Struct)
 
 
 def _error(body: VllmErrorResponse) -> Response[Any]:
-    return Response(body, status_code=body.error.code, media_type=MediaType.JSON)
+    status_code = body.error.code
+    return Response(body, status_code=status_code, media_type=MediaType.JSON,
+                    headers=retry_after(status_code))  # fmt: skip
 
 
 def _reply_error(reply: UpdateReply) -> Response[Any] | None:
@@ -62,7 +65,7 @@ async def _admitted(
 
 async def _is_loaded(status: StatusState, name: str) -> bool | Response[Any]:
     """Whether ``name`` is loaded here, or the error answer when listing fails."""
-    reply = await status.registry.call("update/list_loras", {})
+    reply = await status.call("update/list_loras", {})
     failed = _reply_error(reply)
     if failed is not None:
         return failed
@@ -86,12 +89,11 @@ async def load_lora_adapter(request: Request[Any, Any, Any], status: StatusState
         return loaded
     if loaded and not body.load_inplace:
         return _error(vllm_already_loaded(body.lora_name))
-    if loaded:
-        reply = await status.registry.call("update/unload_lora", {"lora_name": body.lora_name})
-        if (failed := _reply_error(reply)) is not None:
-            return failed
-    load = {"lora_name": body.lora_name, "source": {"uri": uri}}
-    reply = await status.registry.call("update/load_lora", load)
+    # load_inplace swaps make before break: the old version serves until the new one does,
+    # and keeps serving if any step fails
+    load = LoadLoraRequest(lora_name=body.lora_name, source=LoraSource(uri=uri),
+                           replace=body.load_inplace)  # fmt: skip
+    reply = await status.call("update/load_lora", msgspec.to_builtins(load))
     failed = _reply_error(reply)
     return failed or _text(vllm_success_message(body.lora_name, loaded=True))
 
@@ -106,7 +108,7 @@ async def unload_lora_adapter(
         return body
     if not body.lora_name:
         return _error(vllm_missing_unload_fields())
-    reply = await status.registry.call("update/unload_lora", {"lora_name": body.lora_name})
+    reply = await status.call("update/unload_lora", {"lora_name": body.lora_name})
     if reply.error is not None and reply.error.code == "not_found":
         loaded = await _is_loaded(status, body.lora_name)
         if loaded is False:

@@ -8,6 +8,7 @@ error, the cards in etcd, and what the engine serves.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,36 @@ from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines.mocker import MockerEngine
 from lorafleet.worker.lora import LoRAManager, LoRAManagerConfig
-from lorafleet.worker.lora_controller import LoraController
-from tests.worker.adapters import make_adapter_dir
+from lorafleet.worker.lora_controller import Assignment, LoraController
+from tests.worker.adapters import adapter_digest, make_adapter_dir
 
-COLLIDING = ("a4058", "a39678")
-"""Two names with the same ``lora_id`` (found by a birthday search over ``a<i>``)."""
+DIGEST = adapter_digest()
+"""Every adapter ``make_adapter_dir`` writes has the same files, so this digest."""
+
+
+def _colliding_names() -> tuple[str, str]:
+    """Two names whose versions of the same files get the same ``lora_id`` (a birthday search
+    over ``a<i>``: about 55,000 hashes)."""
+    seen: dict[int, str] = {}
+    for i in itertools.count():
+        name = f"a{i}"
+        other = seen.setdefault(lora_id(name, DIGEST), name)
+        if other != name:
+            return other, name
+    raise AssertionError("unreachable")
+
+
+COLLIDING = _colliding_names()
+
+
+def _id(name: str) -> int:
+    """The ``lora_id`` of ``name`` loaded from a ``make_adapter_dir`` directory."""
+    return lora_id(name, DIGEST)
+
+
+def _held(engine: MockerEngine) -> dict[str, int]:
+    """The adapters the engine holds, by name (its keys are ``name@digest``)."""
+    return {key.partition("@")[0]: lora_int_id for key, lora_int_id in engine.adapters.items()}
 
 
 class PeakMocker(MockerEngine):
@@ -126,11 +152,11 @@ async def test_load_answers_typed_and_publishes_then_unload_retracts(
     assert (loaded.status, loaded.lora_name, loaded.lora_id) == (
         "success",
         "pirate",
-        lora_id("pirate"),
+        _id("pirate"),
     )
-    assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+    assert await _cards(etcd, namespace) == {"pirate": _id("pirate")}
     assert (await _served(engine, "pirate")).startswith("pirate:0")
-    assert controller.list().loras == {"pirate": lora_id("pirate")}
+    assert controller.list().loras == {"pirate": _id("pirate")}
     unloaded = await controller.unload(UnloadLoraRequest(lora_name="pirate"))
     assert unloaded.status == "success" and await _cards(etcd, namespace) == {}
     with pytest.raises(NotFoundError, match="pirate"):
@@ -145,25 +171,25 @@ async def test_full_slots_evict_the_least_recently_used_idle_adapter(
         with controller.track(name):
             pass
     await controller.load(_load("chef", uris["chef"]))
-    expected = {"pirate": lora_id("pirate"), "chef": lora_id("chef")}
+    expected = {"pirate": _id("pirate"), "chef": _id("chef")}
     assert await _cards(etcd, namespace) == expected
-    assert engine.adapters == expected
+    assert _held(engine) == expected
 
 
 async def test_a_load_that_keeps_placed_copies_is_refused_where_only_placed_ones_may_go(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
-    controller.placed = {"pirate", "robot"}
+    controller.assign({name: Assignment(placed=True) for name in ("pirate", "robot")})
     keep = LoadLoraRequest(lora_name="chef", source=LoraSource(uri=uris["chef"]),
                            evict_placed=False)  # fmt: skip
     with pytest.raises(CapacityError, match="which placement chose this instance for"):
         await controller.load(keep)
-    assert engine.adapters.keys() == {"pirate", "robot"}
+    assert _held(engine).keys() == {"pirate", "robot"}
 
     await controller.load(_load("chef", uris["chef"]))  # may evict: the second ask
-    assert "chef" in engine.adapters and len(engine.adapters) == 2
-    assert (await _cards(etcd, namespace)).keys() == engine.adapters.keys()
+    assert "chef" in _held(engine) and len(_held(engine)) == 2
+    assert (await _cards(etcd, namespace)).keys() == _held(engine).keys()
 
 
 async def test_a_load_keeps_an_adapter_whose_first_request_has_not_come(
@@ -175,20 +201,20 @@ async def test_a_load_keeps_an_adapter_whose_first_request_has_not_come(
     with controller.track("pirate"):  # robot (loaded last) has served nothing yet
         pass
     await controller.load(_load("chef", uris["chef"]))
-    expected = {"robot": lora_id("robot"), "chef": lora_id("chef")}
+    expected = {"robot": _id("robot"), "chef": _id("chef")}
     assert await _cards(etcd, namespace) == expected
-    assert engine.adapters == expected
+    assert _held(engine) == expected
 
 
 async def test_every_slot_pinned_or_busy_is_a_capacity_error_that_changes_nothing(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     engine, controller = await _full_of_pirate_and_robot(start_engine, uris)
-    controller.pinned = {"pirate"}
+    controller.assign({"pirate": Assignment(placed=True, pinned=True)})
     with controller.track("robot"), pytest.raises(CapacityError, match="pinned or busy"):
         await controller.load(_load("chef", uris["chef"]))
-    before = {"pirate": lora_id("pirate"), "robot": lora_id("robot")}
-    assert await _cards(etcd, namespace) == before and engine.adapters == before
+    before = {"pirate": _id("pirate"), "robot": _id("robot")}
+    assert await _cards(etcd, namespace) == before and _held(engine) == before
 
 
 async def test_concurrent_loads_never_hold_more_adapters_than_slots(
@@ -202,7 +228,7 @@ async def test_concurrent_loads_never_hold_more_adapters_than_slots(
     )
     assert all(not isinstance(r, BaseException) or isinstance(r, CapacityError) for r in results)
     assert engine.peak <= 2
-    assert await _cards(etcd, namespace) == controller.list().loras == engine.adapters
+    assert await _cards(etcd, namespace) == controller.list().loras == _held(engine)
 
 
 async def test_a_failed_add_frees_its_slot_and_publishes_nothing(
@@ -214,20 +240,20 @@ async def test_a_failed_add_frees_its_slot_and_publishes_nothing(
         await controller.load(_load("broken1", uris["broken1"]))
     assert await _cards(etcd, namespace) == {}
     await controller.load(_load("pirate", uris["pirate"]))
-    assert engine.adapters == {"pirate": lora_id("pirate")}
+    assert _held(engine) == {"pirate": _id("pirate")}
 
 
 async def test_a_name_whose_lora_id_is_taken_is_a_conflict_that_evicts_nothing(
     start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
 ) -> None:
     first, second = COLLIDING
-    assert lora_id(first) == lora_id(second)
+    assert _id(first) == _id(second)
     engine = await start_engine(max_loras=1)  # the one slot is full: eviction would be possible
     controller = _controller(engine)
     await controller.load(_load(first, uris[first]))
-    with pytest.raises(ConflictError, match=rf"lora_id {lora_id(first)}.*{first!r}"):
+    with pytest.raises(ConflictError, match=rf"lora_id {_id(first)}.*{first!r}"):
         await controller.load(_load(second, uris[second]))
-    assert await _cards(etcd, namespace) == {first: lora_id(first)}
+    assert await _cards(etcd, namespace) == {first: _id(first)}
 
 
 async def test_loading_again_is_idempotent_but_another_uri_conflicts(
@@ -236,7 +262,7 @@ async def test_loading_again_is_idempotent_but_another_uri_conflicts(
     controller = _controller(await start_engine())
     await controller.load(_load("pirate", uris["pirate"]))
     again = await controller.load(_load("pirate", uris["pirate"]))
-    assert again.message == "adapter 'pirate' is already loaded"
+    assert "is already loaded with these weights" in again.message
     with pytest.raises(ConflictError, match="unload it"):
         await controller.load(_load("pirate", uris["robot"]))
 

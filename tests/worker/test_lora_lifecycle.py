@@ -27,10 +27,11 @@ from lorafleet.proto.inference import (
 from lorafleet.proto.naming import lora_id
 from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
-from tests.worker.adapters import make_adapter_dir
+from tests.worker.adapters import adapter_digest, make_adapter_dir
 from tests.worker.streaming import stream
 
 LORA_ENV = {"DYN_LORA_ENABLED": "true"}
+DIGEST = adapter_digest()
 SEED = 7
 
 
@@ -51,23 +52,40 @@ def lora_worker(worker_factory, tmp_path: Path):
 
 
 async def _cards(etcd, namespace: str) -> dict[str, int]:
+    return {
+        name: lora_int_id for name, (lora_int_id, _) in (await _versions(etcd, namespace)).items()
+    }
+
+
+async def _versions(etcd, namespace: str) -> dict[str, tuple[int, str]]:
+    """Adapter name -> (lora_id, digest), as the cards in etcd say."""
     listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
-    cards = [decode_card(kv.value) for kv in listing]
-    return {card.lora.name: card.lora.lora_id for card in cards if card.lora}
+    cards = [decode_card(kv.value).lora for kv in listing]
+    return {lora.name: (lora.lora_id, lora.digest) for lora in cards if lora}
 
 
 async def _loaded(client: httpx.AsyncClient) -> dict[str, int]:
+    return {name: lora_int_id for name, (lora_int_id, _) in (await _held(client)).items()}
+
+
+async def _held(client: httpx.AsyncClient) -> dict[str, tuple[int, str]]:
+    """Adapter name -> (lora_id, digest), as the engine's listing says."""
     response = await client.post("/engine/update/list_loras", json={})
     assert response.status_code == 200, response.text
-    return response.json()["loras"]
+    listed = response.json()
+    return {
+        name: (lora_int_id, listed["digests"][name])
+        for name, lora_int_id in listed["loras"].items()
+    }
 
 
 async def assert_invariant(client: httpx.AsyncClient, etcd, namespace: str) -> None:
-    """A card is in etcd exactly when its adapter is loaded in the engine."""
+    """A card is in etcd exactly when its adapter is loaded in the engine, with the id and
+    digest of the version the engine holds."""
     async with asyncio.timeout(10):  # the lease keeper may still be reconciling after a fault
-        while (cards := await _cards(etcd, namespace)) != (loaded := await _loaded(client)):
+        while (cards := await _versions(etcd, namespace)) != (held := await _held(client)):
             await asyncio.sleep(0.1)
-    assert cards == loaded
+    assert cards == held
 
 
 def _load_body(name: str, uri: str) -> dict:
@@ -82,8 +100,9 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
         )
         assert response.status_code == 200, response.text
         assert response.json() == {
-            "status": "success", "message": f"adapter 'pirate' loaded from {adapters['pirate']}",
-            "lora_name": "pirate", "lora_id": lora_id("pirate"),
+            "status": "success",
+            "message": f"adapter 'pirate' loaded from {adapters['pirate']} ({DIGEST})",
+            "lora_name": "pirate", "lora_id": lora_id("pirate", DIGEST), "digest": DIGEST,
         }  # fmt: skip
         listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
         (card,) = [decode_card(kv.value) for kv in listing if decode_card(kv.value).lora]
@@ -91,6 +110,7 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
         assert base.runtime_config.enable_lora and base.runtime_config.max_loras == 8
         assert card.display_name == "pirate" and card.lora.base_model == "demo"
         assert card.lora.uri == adapters["pirate"] and card.lora.local_path.endswith("pirate")
+        assert (card.lora.digest, card.lora.lora_id) == (DIGEST, lora_id("pirate", DIGEST))
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 200 and response.json()["status"] == "success"
         assert await _cards(etcd, namespace) == {}
@@ -123,8 +143,9 @@ async def test_compat_routes_load_list_and_delete_names_with_slashes(
         listed = (await client.get("/v1/loras")).json()
         assert listed == {
             "status": "success",
-            "loras": {"org/chef": lora_id("org/chef")},
+            "loras": {"org/chef": lora_id("org/chef", DIGEST)},
             "count": 1,
+            "digests": {"org/chef": DIGEST},
         }
         assert (await client.delete("/v1/loras/org/chef")).status_code == 200
         missing = await client.delete("/v1/loras/org/chef")
@@ -272,7 +293,7 @@ async def test_engine_failing_to_remove_keeps_the_card(lora_worker, etcd, namesp
         await client.post("/engine/update/load_lora", json=_load_body("pirate", adapters["pirate"]))
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 502
-        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate", DIGEST)}
         await assert_invariant(client, etcd, namespace)
 
 
@@ -310,10 +331,10 @@ async def test_etcd_unreachable_during_unload_keeps_adapter_and_card(
         etcd_proxy.cut()
         response = await client.post("/engine/update/unload_lora", json={"lora_name": "pirate"})
         assert response.status_code == 503
-        assert await _loaded(client) == {"pirate": lora_id("pirate")}
+        assert await _loaded(client) == {"pirate": lora_id("pirate", DIGEST)}
         etcd_proxy.restore()
         await assert_invariant(client, etcd, namespace)
-        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate")}
+        assert await _cards(etcd, namespace) == {"pirate": lora_id("pirate", DIGEST)}
 
 
 def _storm_plan(seed: int) -> list[tuple[str, str]]:
@@ -365,7 +386,7 @@ async def test_updates_over_nats_reach_the_same_lifecycle(
     finally:
         await nc.close()
     async with httpx.AsyncClient(base_url=worker.url) as client:
-        assert await _loaded(client) == {"robot": lora_id("robot")}
+        assert await _loaded(client) == {"robot": lora_id("robot", DIGEST)}
         await assert_invariant(client, etcd, namespace)
 
 
@@ -381,3 +402,25 @@ async def test_sigkill_with_adapters_loaded_removes_all_cards_within_ttl(
     async with asyncio.timeout(2 + 1):
         while await etcd.get_prefix(f"v1/mdc/{namespace}/".encode()):
             await asyncio.sleep(0.05)
+
+
+async def test_etcd_unreachable_during_a_swap_keeps_the_old_version_and_its_card(
+    lora_worker, etcd, etcd_proxy, namespace, adapters, tmp_path
+):
+    """The publish step of a swap fails: the new version leaves the engine again, and the
+    old one keeps serving under its card."""
+    new = make_adapter_dir(tmp_path / "v2", "pirate", weights=b"\x02" * 16)
+    worker = await asyncio.to_thread(lora_worker, env={"ETCD_ENDPOINTS": etcd_proxy.url})
+    async with httpx.AsyncClient(base_url=worker.url, timeout=30) as client:
+        body = _load_body("pirate", adapters["pirate"])
+        assert (await client.post("/engine/update/load_lora", json=body)).status_code == 200
+        etcd_proxy.cut()
+        swap = {**_load_body("pirate", f"file://{new}"), "replace": True}
+        response = await client.post("/engine/update/load_lora", json=swap)
+        assert response.status_code == 503, response.text
+        answer = response.json()
+        assert answer["step"] == "publish" and f"{DIGEST} keeps serving" in answer["message"]
+        assert await _held(client) == {"pirate": (lora_id("pirate", DIGEST), DIGEST)}
+        etcd_proxy.restore()
+        await assert_invariant(client, etcd, namespace)
+        assert await _versions(etcd, namespace) == {"pirate": (lora_id("pirate", DIGEST), DIGEST)}

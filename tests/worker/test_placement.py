@@ -7,14 +7,16 @@ import math
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
-from lorafleet.discovery.keys import card_prefix
+from lorafleet.discovery.keys import adapter_key, card_prefix
 from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.fleet.placement import LOAD_BOUND_EPS, chosen_instances, rendezvous_order
-from lorafleet.proto.adapters import AdapterSpec
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.discovery import decode_card
-from tests.worker.adapters import make_adapter_dir
+from lorafleet.proto.naming import lora_slug
+from tests.worker.adapters import adapter_digest, make_adapter_dir
 from tests.worker.fleet import (
     assert_invariant_everywhere,
     holders,
@@ -163,4 +165,31 @@ async def test_the_rendezvous_policy_places_by_hash_alone(
         return len(bases) == 2 and where == expected
 
     await wait_for_holders(etcd, namespace, by_hash, timeout_s=20)
+    await assert_invariant_everywhere(workers, etcd, namespace)
+
+
+async def test_a_changed_source_of_a_declared_adapter_swaps_its_version_on_every_holder(
+    fleet_worker, etcd, namespace, tmp_path: Path
+) -> None:
+    """The desired state points ``fx`` at new weights: both copies swap to them (make before
+    break), and every card shows the new digest."""
+    workers = [fleet_worker(), fleet_worker()]
+    await put_spec(etcd, namespace, tmp_path / "v1", "fx", replicas=2)
+
+    async def digests() -> list[str]:
+        listing = await etcd.get_prefix(card_prefix(namespace).encode())
+        cards = [decode_card(kv.value).lora for kv in listing]
+        return [lora.digest for lora in cards if lora is not None and lora.name == "fx"]
+
+    async def wait_for_digests(digest: str) -> None:
+        async with asyncio.timeout(30):
+            while await digests() != [digest, digest]:
+                await asyncio.sleep(0.1)
+
+    await wait_for_digests(adapter_digest())
+    new = make_adapter_dir(tmp_path / "v2", "fx", weights=b"\x02" * 16)
+    spec = AdapterSpec(name="fx", base_model="demo", source=LoraSource(uri=f"file://{new}"),
+                       replicas=2)  # fmt: skip
+    await etcd.put(adapter_key(namespace, lora_slug("fx")).encode(), msgspec.json.encode(spec))
+    await wait_for_digests(adapter_digest(weights=b"\x02" * 16))
     await assert_invariant_everywhere(workers, etcd, namespace)

@@ -101,15 +101,16 @@ async def test_load_of_a_missing_path_is_vllm_not_found(vllm_worker, tmp_path: P
 
 
 async def test_load_inplace_replaces_a_loaded_adapter(
-    vllm_worker, adapter_dirs, etcd, namespace
+    vllm_worker, adapter_dirs, etcd, namespace, tmp_path
 ) -> None:
+    other = make_adapter_dir(tmp_path / "v2", "sql", weights=b"\x01" * 16)  # new weights
     async with httpx.AsyncClient(base_url=vllm_worker.url, headers=AUTH) as client:
         first = {"lora_name": "sql-lora", "lora_path": adapter_dirs["sql"]}
         assert (await client.post("/v1/load_lora_adapter", json=first)).status_code == 200
-        second = {"lora_name": "sql-lora", "lora_path": adapter_dirs["chef"], "load_inplace": True}
+        second = {"lora_name": "sql-lora", "lora_path": str(other), "load_inplace": True}
         replaced = await client.post("/v1/load_lora_adapter", json=second)
         assert replaced.status_code == 200, replaced.text
-    assert await _adapter_cards(etcd, namespace) == {"sql-lora": f"file://{adapter_dirs['chef']}"}
+    assert await _adapter_cards(etcd, namespace) == {"sql-lora": f"file://{other}"}
 
 
 async def test_vllm_routes_need_the_system_token(vllm_worker, adapter_dirs) -> None:

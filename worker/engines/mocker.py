@@ -76,7 +76,8 @@ class MockerEngine(AdapterEngine):
         options = {"time_per_token_s": config.mocker_time_per_token_s, **config.options}
         self.options = MockerOptions.from_options(options)
         self.adapters: dict[str, int] = {}
-        """Adapter name to ``lora_id``: the engine's handles (the controller keeps the slots)."""
+        """Version key (``name@digest``) to ``lora_id``: the engine's handles (the controller
+        keeps the slots)."""
         self.requests_by_model: dict[str, int] = {}
         """Requests seen per model that ``fail_generate`` matches (which of them fail)."""
         self.endpoint: ModelEndpoint | None = None
@@ -142,17 +143,25 @@ class MockerEngine(AdapterEngine):
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
         await asyncio.sleep(self.options.add_adapter_delay_s)
-        if self.options.fail_add_adapter and re.fullmatch(self.options.fail_add_adapter, name):
-            raise UpstreamError(f"mocker: adding adapter {name!r} failed as configured")
+        if _matches(self.options.fail_add_adapter, name):
+            raise UpstreamError(f"mocker: adding adapter {_name(name)!r} failed as configured")
         self.adapters[name] = lora_id
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name``."""
-        if self.options.fail_remove_adapter and re.fullmatch(
-            self.options.fail_remove_adapter, name
-        ):
-            raise UpstreamError(f"mocker: removing adapter {name!r} failed as configured")
+        if _matches(self.options.fail_remove_adapter, name):
+            raise UpstreamError(f"mocker: removing adapter {_name(name)!r} failed as configured")
         del self.adapters[name]
+
+
+def _name(key: str) -> str:
+    """The adapter name of version ``key`` (``name@digest``)."""
+    return key.partition("@")[0]
+
+
+def _matches(pattern: str, key: str) -> bool:
+    """Whether a fault pattern names the adapter of version ``key``."""
+    return bool(pattern) and re.fullmatch(pattern, _name(key)) is not None
 
 
 def _logprobs(text: str, top: int | None) -> list[TokenLogprob]:

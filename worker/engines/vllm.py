@@ -234,7 +234,8 @@ class VLLMEngine(AdapterEngine):
         group = _BASE_GROUP if lora is None else _ADAPTER_GROUP
         admit = self._gate.admit(group) if self._gate else contextlib.nullcontext()
         final: FinalChunk | None = None
-        async with self._table.tracked(request.model, request_id), admit:
+        key = request.model if lora is None else lora.lora_name  # the version's key
+        async with self._table.tracked(key, request_id), admit:
             # A continuation resumes after its tokens; vLLM's detokenizer reads the prompt's
             # last tokens as context, so the first new token decodes as it would have.
             tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}

@@ -73,3 +73,52 @@ async def test_hf_worker_serves_base_and_adapters_it_loaded(
         assert isinstance(gone[-1], ErrorChunk) and gone[-1].error.code == "not_found"
     finally:
         worker.terminate()
+
+
+async def test_hf_worker_swaps_pirate_weights_for_robot_without_a_failed_request(
+    demo: DemoModelPaths,
+    tmp_path: Path,
+    etcd_url: str,
+    nats_url: str,
+    namespace: str,
+    etcd,
+    nc: nats.aio.client.Client,
+) -> None:
+    """``fx`` is loaded from the pirate folder and swapped in place (vLLM's ``load_inplace``)
+    for the robot folder while a client loops on it: every answer is the pirate's or the
+    robot's, none fails, and once the swap has answered every answer is the robot's."""
+    worker = start_worker(
+        tmp_path, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
+        model=str(demo.base),
+        args=("--engine", "hf", "--served-model-name", DEMO_MODEL_NAME, "--enable-lora"),
+        env={"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "loras")},
+    )  # fmt: skip
+    answers: list[str] = []
+    swapped = asyncio.Event()
+    after_swap: list[str] = []
+
+    async def client_loop() -> None:
+        while len(after_swap) < 3:
+            text = _text(await stream(nc, subject, _chat("fx"), timeout_s=60))
+            (after_swap if swapped.is_set() else answers).append(text)
+
+    try:
+        (instance_kv,) = list(await etcd.get_prefix(f"v1/instances/{namespace}/".encode()))
+        subject = decode_instance(instance_kv.value).subject
+        async with httpx.AsyncClient(base_url=worker.url, timeout=60) as client:
+            body = {"lora_name": "fx", "lora_path": str(demo.adapters["pirate"])}
+            assert (await client.post("/v1/load_lora_adapter", json=body)).status_code == 200
+            loop = asyncio.create_task(client_loop())
+            while not answers:
+                await asyncio.sleep(0.05)
+            body = {"lora_name": "fx", "lora_path": str(demo.adapters["robot"]),
+                    "load_inplace": True}  # fmt: skip
+            response = await client.post("/v1/load_lora_adapter", json=body)
+            swapped.set()  # requests sent from here on went after the switch
+            assert response.status_code == 200, response.text
+            await asyncio.wait_for(loop, 120)
+    finally:
+        worker.terminate()
+    assert answers[0] == EXPECTED["pirate"]
+    assert set(answers) <= {EXPECTED["pirate"], EXPECTED["robot"]}
+    assert after_swap[1:] == [EXPECTED["robot"]] * 2  # the first may have started before

@@ -1,0 +1,180 @@
+"""The steps that move one adapter version through the engine and etcd, each undoable.
+
+fetch (resolve and digest), add, publish (the one instant new requests switch to it),
+retire (drain, then remove), discard (undo a version that did not make it) and
+remove_all (unload). ``worker.lora_controller`` decides which steps run, under the
+record's lock and within the slots; this module does no bookkeeping of slots or names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Final, Protocol
+
+import msgspec
+import structlog
+
+from lorafleet.proto.discovery import LoraInfo, ModelDeploymentCard
+from lorafleet.proto.errors import LorafleetError, UpstreamError
+from lorafleet.proto.naming import lora_id, lora_slug
+from lorafleet.worker.adapter_record import AdapterRecord, AdapterVersion, Phase
+from lorafleet.worker.engine import AdapterBackend, ModelEndpoint
+from lorafleet.worker.lora import redact_uri
+from lorafleet.worker.lora.digest import content_digest
+
+__all__ = ["AdapterSource", "DRAIN_TIMEOUT_S", "VersionSteps", "step"]
+
+log = structlog.get_logger(__name__)
+
+DRAIN_TIMEOUT_S: Final = 30.0
+"""A swap lets the old version's running requests finish this long before removing it."""
+
+
+class AdapterSource(Protocol):
+    """What the lifecycle needs from the LoRA manager: resolve a URI to a local directory."""
+
+    def supported_schemes(self) -> frozenset[str]:
+        """URI schemes that can be loaded."""
+        ...
+
+    async def acquire(self, uri: str) -> Path:
+        """Download (or find cached) and mark in use by a loaded adapter."""
+        ...
+
+    def release(self, uri: str) -> None:
+        """The adapter from ``uri`` was unloaded; its cache entry may be evicted."""
+        ...
+
+
+class VersionSteps:
+    """Runs one version's steps against the engine, etcd and the LoRA manager.
+
+    Example::
+
+        steps = VersionSteps(backend=engine, endpoint=endpoint, source=manager, base_card=card)
+        await steps.fetch(version); await steps.add(version); await steps.publish(record, version)
+    """
+
+    def __init__(
+        self, *, backend: AdapterBackend, endpoint: ModelEndpoint, source: AdapterSource,
+        base_card: ModelDeploymentCard,
+    ) -> None:  # fmt: skip
+        self.backend = backend
+        self._endpoint = endpoint
+        self.source = source
+        self._base_card = base_card
+        self._finished = asyncio.Event()
+        """Set when a request ends: a draining version waits for its last one."""
+
+    def request_ended(self) -> None:
+        """A request ended (a draining version may now be idle)."""
+        self._finished.set()
+
+    async def fetch(self, version: AdapterVersion) -> None:
+        """Resolve the source to a directory and digest its files (once per load)."""
+        path = await self.source.acquire(version.uri)
+        try:
+            version.digest = await asyncio.to_thread(content_digest, path)
+        except OSError as exc:
+            self.source.release(version.uri)
+            raise UpstreamError(f"cannot read adapter files at {path}: {exc}") from exc
+        version.path = path
+        version.lora_id = lora_id(version.name, version.digest)
+        version.card = self._card(version)
+
+    async def add(self, version: AdapterVersion) -> None:
+        """Have the engine add the version under its own key (beside any older version)."""
+        assert version.path is not None
+        version.enter(Phase.ADDING)
+        await self.backend.add_adapter(version.key, version.lora_id, version.path)
+        version.enter(Phase.LOADED)
+
+    async def publish(self, record: AdapterRecord, version: AdapterVersion) -> None:
+        """Put the version's card (replacing an older version's in one put), then switch new
+        requests to it: the one instant of a swap."""
+        assert version.card is not None
+        await self._endpoint.register_model(version.card)
+        for older in record.versions:
+            if older is not version and older.phase is Phase.PUBLISHED:
+                older.enter(Phase.DRAINING)
+        version.enter(Phase.PUBLISHED)
+
+    async def discard(self, record: AdapterRecord, version: AdapterVersion) -> None:
+        """Undo a version that did not make it; any older one keeps serving."""
+        if version.phase is Phase.LOADED:  # a failed add leaves nothing in the engine
+            try:
+                await self.backend.remove_adapter(version.key)
+            except Exception:
+                log.exception("rollback failed: version stays in the engine", adapter=version.name,
+                              digest=version.digest)  # fmt: skip
+                version.enter(Phase.DRAINING)  # holds its slot; serves nothing
+                return
+        if version.path is not None:
+            self.source.release(version.uri)
+        if version in record.versions:
+            record.forget(version)
+
+    async def retire(self, record: AdapterRecord, old: AdapterVersion) -> None:
+        """Let the old version's requests finish (up to ``DRAIN_TIMEOUT_S``), then remove it."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while old.busy and (left_s := deadline - time.monotonic()) > 0:
+            self._finished.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished.wait(), left_s)
+        if old.busy:
+            log.warning("drain timed out; removing the old version under its requests",
+                        adapter=old.name, digest=old.digest, running=old.busy)  # fmt: skip
+        try:
+            await self.backend.remove_adapter(old.key)
+        except Exception:
+            log.exception("old version not removed; it keeps its slot", adapter=old.name)
+            return
+        self.source.release(old.uri)
+        record.forget(old)
+
+    async def remove_all(self, record: AdapterRecord) -> None:
+        """Retract the card, then remove every version; the record keeps source and digest.
+        A failed removal publishes the card again."""
+        serving = record.serving
+        assert serving is not None and serving.card is not None
+        if serving.phase is Phase.PUBLISHED:
+            await self._endpoint.unregister_model(serving.card)
+            serving.enter(Phase.LOADED)
+        for version in [v for v in record.versions if v.holds_slot]:
+            try:
+                await self.backend.remove_adapter(version.key)
+            except BaseException as exc:
+                log.warning("removing adapter failed; publishing it again",
+                            adapter=record.name, error=str(exc))  # fmt: skip
+                await self.publish(record, serving)
+                raise
+            self.source.release(version.uri)
+            record.forget(version)
+        log.info("adapter unloaded", adapter=record.name)
+
+    def _card(self, version: AdapterVersion) -> ModelDeploymentCard:
+        base, name = self._base_card, version.name
+        info = LoraInfo(
+            name=name, lora_id=version.lora_id, base_model=base.display_name,
+            uri=redact_uri(version.uri), local_path=str(version.path), digest=version.digest,
+        )  # fmt: skip
+        return msgspec.structs.replace(
+            base, display_name=name, slug=lora_slug(name), source_path=str(version.path), lora=info
+        )
+
+
+async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:
+    """Run one step of a load; in a swap (``old`` serves) a failure names the step and the
+    version that keeps serving. A first load's errors read as they always did."""
+    try:
+        await work
+    except LorafleetError as exc:
+        if old is not None:
+            exc.message = f"swap {name} step failed: {exc.message}; {old.digest} keeps serving"
+            exc.args = (exc.message,)
+            exc.fields.setdefault("step", name)
+        raise
