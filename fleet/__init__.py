@@ -1,6 +1,14 @@
 """How the fleet shares its adapters: the placement plan every worker and frontend computes
-alike from the same records. Pure: no I/O."""
+alike from the same records (pure: no I/O), and the one reader of adapter directories that
+workers and frontends check alike (``adapter_files``: local files only)."""
 
+from lorafleet.fleet.adapter_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_problem,
+    check_adapter_rank,
+    read_adapter_config,
+)
 from lorafleet.fleet.placement import (
     HELD_DEMAND_EPS,
     IN_USE_RPS,
@@ -14,13 +22,18 @@ from lorafleet.fleet.placement import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "HELD_DEMAND_EPS",
     "IN_USE_RPS",
     "LOAD_BOUND_EPS",
     "RendezvousCache",
+    "adapter_problem",
+    "check_adapter_rank",
     "chosen_instances",
     "may_drop_copy",
     "plan_copies",
+    "read_adapter_config",
     "rendezvous_order",
     "wanted_copies",
 ]

@@ -15,6 +15,7 @@ from lorafleet.frontend.adapter_states import AdapterStates
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.generation import GenerationService
+from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
@@ -35,6 +36,8 @@ class Services:
     adapters: AdapterStates
     """Each desired adapter's state (``/v1/adapters``, ``/v1/models``)."""
     resolver: ModelResolver
+    writes: LoraWrites
+    """vLLM's load and unload over the fleet, answered with their outcome."""
     generation: GenerationService
     metrics: FrontendMetrics
 

@@ -1,6 +1,7 @@
 """Every message that crosses a process boundary, as msgspec Structs; no I/O."""
 
 from lorafleet.proto.adapters import (
+    AdapterEviction,
     AdapterList,
     AdapterLoadError,
     AdapterSpec,
@@ -46,6 +47,7 @@ from lorafleet.proto.errors import (
     http_status,
 )
 from lorafleet.proto.fleet_load import (
+    EvictedAdapter,
     InstanceLoad,
     LoadFailure,
     decode_instance_load,
@@ -134,6 +136,7 @@ from lorafleet.proto.vllm_lora import (
     vllm_already_loaded,
     vllm_error,
     vllm_error_for_code,
+    vllm_loading_message,
     vllm_missing_load_fields,
     vllm_missing_unload_fields,
     vllm_not_found,
@@ -141,6 +144,7 @@ from lorafleet.proto.vllm_lora import (
 )
 
 __all__ = [
+    "AdapterEviction",
     "AdapterList",
     "AdapterLoadError",
     "AdapterSpec",
@@ -168,6 +172,7 @@ __all__ = [
     "ConflictError",
     "ErrorChunk",
     "ErrorInfo",
+    "EvictedAdapter",
     "FinalChunk",
     "FinishReason",
     "FrontendHealth",
@@ -256,6 +261,7 @@ __all__ = [
     "vllm_already_loaded",
     "vllm_error",
     "vllm_error_for_code",
+    "vllm_loading_message",
     "vllm_missing_load_fields",
     "vllm_missing_unload_fields",
     "vllm_not_found",

@@ -1,22 +1,13 @@
-"""Checks that a directory holds a usable PEFT adapter, cheaply and without torch.
+"""The worker's name for ``fleet.adapter_files``: the reader of adapter directories moved
+there so that the frontend checks a visible ``file://`` path with the same rules."""
 
-A directory passes when ``adapter_config.json`` is a JSON object naming a base
-model or a PEFT type, and a non-empty ``adapter_model.safetensors`` or
-``adapter_model.bin`` is present. The tensor format is the engine's business;
-the only thing checked inside a safetensors file is visible truncation (its
-header parses and declares more bytes than the file holds). The check reads a
-few kilobytes at most. This is the one reader of ``adapter_config.json``: the
-engines' rank check (:func:`check_adapter_rank`) reads it here too.
-"""
-
-from __future__ import annotations
-
-import json
-import struct
-from pathlib import Path
-from typing import Any, Final
-
-from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.fleet.adapter_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_problem,
+    check_adapter_rank,
+    read_adapter_config,
+)
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -25,93 +16,3 @@ __all__ = [
     "check_adapter_rank",
     "read_adapter_config",
 ]
-
-ADAPTER_CONFIG: Final = "adapter_config.json"
-ADAPTER_WEIGHTS: Final = ("adapter_model.safetensors", "adapter_model.bin")
-CONFIG_MAX_BYTES: Final = 1 << 20
-SAFETENSORS_HEADER_MAX_BYTES: Final = 100 << 20
-_CONFIG_NAMES: Final = ("base_model_name_or_path", "peft_type")
-
-
-def adapter_problem(path: Path) -> str | None:
-    """Return why ``path`` is not a usable adapter directory, or None when it is."""
-    if not path.is_dir():
-        return "not a directory"
-    problem = _config_problem(path)
-    if problem is not None:
-        return problem
-    for weights in (path / name for name in ADAPTER_WEIGHTS):
-        if weights.is_file():
-            if weights.stat().st_size == 0:
-                return f"{weights.name} is empty"
-            return _truncation(weights) if weights.suffix == ".safetensors" else None
-    return f"neither {' nor '.join(ADAPTER_WEIGHTS)} is present"
-
-
-def read_adapter_config(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``'s ``adapter_config.json``; ``ValueError`` says what is wrong."""
-    config = path / ADAPTER_CONFIG
-    if not config.is_file():
-        raise ValueError(f"{ADAPTER_CONFIG} is missing")
-    if config.stat().st_size > CONFIG_MAX_BYTES:
-        raise ValueError(f"{ADAPTER_CONFIG} is larger than {CONFIG_MAX_BYTES} bytes")
-    try:
-        parsed = json.loads(config.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{ADAPTER_CONFIG} is not valid JSON ({type(exc).__name__})") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{ADAPTER_CONFIG} is not a JSON object")
-    return parsed
-
-
-def check_adapter_rank(name: str, path: Path, max_rank: int) -> None:
-    """Refuse, before an engine loads it, a directory that holds no LoRA of rank <= ``max_rank``."""
-    try:
-        config = read_adapter_config(path)
-    except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"adapter {name!r} at {path} is not usable: {exc}") from exc
-    if config.get("peft_type", "LORA") != "LORA":
-        raise InvalidRequestError(f"adapter {name!r}: {path} is not a LoRA adapter")
-    pattern = config.get("rank_pattern")
-    ranks = [config.get("r"), *(pattern.values() if isinstance(pattern, dict) else ())]
-    biggest = max((r for r in ranks if isinstance(r, int) and not isinstance(r, bool)), default=0)
-    if biggest > max_rank:
-        raise InvalidRequestError(
-            f"adapter {name!r} at {path} has rank {biggest}; this engine takes at most "
-            f"{max_rank} (max_lora_rank)"
-        )
-
-
-def _config_problem(path: Path) -> str | None:
-    try:
-        parsed = read_adapter_config(path)
-    except ValueError as exc:
-        return str(exc)
-    if not any(isinstance(parsed.get(name), str) and parsed[name] for name in _CONFIG_NAMES):
-        return f"{ADAPTER_CONFIG} names neither {' nor '.join(_CONFIG_NAMES)}"
-    return None
-
-
-def _truncation(weights: Path) -> str | None:
-    """Return a problem only when the safetensors header proves the file was cut short."""
-    size = weights.stat().st_size
-    with weights.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            return None
-        (header_len,) = struct.unpack("<Q", prefix)
-        if not 0 < header_len <= SAFETENSORS_HEADER_MAX_BYTES:
-            return None
-        raw = handle.read(header_len)
-    try:
-        header = json.loads(raw)
-        data_end = max(
-            (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
-            default=0,
-        )
-    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError, IndexError):
-        cut_short = len(raw) < header_len and raw.startswith(b"{")
-        return f"{weights.name} is truncated (in its header)" if cut_short else None
-    if size < 8 + header_len + data_end:
-        return f"{weights.name} is truncated ({size} of {8 + header_len + data_end} bytes)"
-    return None
