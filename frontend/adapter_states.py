@@ -80,9 +80,10 @@ class AdapterStates:
             for served in self._registry.models()
             if served.parent is not None and self._desired.get(served.name) is None
         }
-        for name, evictions in self._loads.evicted().items():
-            if name not in found and self._desired.get(name) is None:
-                found[name] = _evicted_status(name, evictions)
+        for name in self._loads.evicted():
+            last = self._loads.last_eviction(name)
+            if last is not None and name not in found and self._desired.get(name) is None:
+                found[name] = _evicted_status(name, *last)
         return list(found.values())
 
     def state_of(self, spec: AdapterSpec) -> StateOf:
@@ -131,9 +132,8 @@ def _served_status(served: ServedModel) -> AdapterStatus:
     )  # fmt: skip
 
 
-def _evicted_status(name: str, evictions: dict[int, EvictedAdapter]) -> AdapterStatus:
+def _evicted_status(name: str, instance_id: int, last: EvictedAdapter) -> AdapterStatus:
     """An unmanaged adapter placement evicted everywhere: its last eviction says all."""
-    instance_id, last = max(evictions.items(), key=lambda item: item[1].at)
     return AdapterStatus(
         name=name, base_model=last.base_model, source=LoraSource(uri=public_uri(last.uri)),
         replicas=0, min_replicas=0, max_replicas=0, state="evicted", digest=last.digest,

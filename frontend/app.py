@@ -119,7 +119,7 @@ async def _start_services(
         settings=config.dispatch, worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
-    resolver = ModelResolver(registry, desired, loader)
+    resolver = ModelResolver(registry, desired, loader, loads)
     writes = LoraWrites(
         registry, desired, loads, plane, timeout_s=config.on_demand_timeout_s,
         settings=config.dispatch, worker_token=config.worker_token,

@@ -83,9 +83,16 @@ class FleetLoads:
         """The last failed load of ``adapter`` on each instance that lists one."""
         return dict(self._failed.get(adapter, {}))
 
-    def evicted(self) -> dict[str, dict[int, EvictedAdapter]]:
-        """Unmanaged adapters placement evicted, by name, then by the instance it left."""
-        return {name: dict(entries) for name, entries in self._evicted.items()}
+    def evicted(self) -> list[str]:
+        """Names of the unmanaged adapters placement evicted (on some instance), sorted."""
+        return sorted(self._evicted)
+
+    def last_eviction(self, adapter: str) -> tuple[int, EvictedAdapter] | None:
+        """The newest eviction of unmanaged ``adapter`` and the instance it left, or None."""
+        entries = self._evicted.get(adapter)
+        if not entries:
+            return None
+        return max(entries.items(), key=lambda entry: entry[1].at)
 
     def _changed(self, key: str, old: InstanceLoad | None, new: InstanceLoad | None) -> None:
         """Move the instance's entries in the indexes from ``old`` to ``new``."""

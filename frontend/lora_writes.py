@@ -34,6 +34,7 @@ from lorafleet.proto.adapters import AdapterSpec, UnloadLoraRequest
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import ErrorInfo, LorafleetError, NotFoundError, error_from_info
 from lorafleet.proto.inference import UpdateRequest
+from lorafleet.proto.uris import redact_uri
 
 __all__ = ["LoadOutcome", "LoraWrites", "UNLOAD_UPDATE"]
 
@@ -128,13 +129,16 @@ class LoraWrites:
         return True
 
     def _has_card(self, spec: AdapterSpec) -> bool:
-        """Whether a live instance has ``spec``'s card, from ``spec``'s source."""
+        """Whether a live instance has ``spec``'s card, from ``spec``'s source (cards hold
+        the URI redacted): a reload to a new source counts once the new version's card is
+        there."""
         served = self._registry.get(spec.name)
         if served is None or served.parent is None:
             return False
+        source = redact_uri(spec.source.uri)
         return any(
             (card := self._registry.card_on(spec.name, i.instance_id)) is not None
-            and card.source == spec.source.uri
+            and card.source == source
             for i in served.instances
         )
 

@@ -1,9 +1,10 @@
 """Which served model answers a name: the registry's, else a desired adapter loaded on demand.
 
-A name in neither the cards nor the desired state is a 404, once this frontend's
-watches have caught up with etcd (read your writes: a load answered by a worker
-or another frontend has its card in etcd, and the watch may not have brought it
-yet). A desired adapter is *cold* while no live instance has its card; it is
+An unmanaged adapter that placement evicted (the workers' load records keep its
+source) loads back on demand as a desired one does. A name in none of these is a
+404, once this frontend's watches have caught up with etcd (read your writes: a
+load answered by a worker or another frontend has its card in etcd, and the
+watch may not have brought it yet). A desired adapter is *cold* while no live instance has its card; it is
 listed (``loaded: false``) when a live instance serves its base model, since a
 request can load it then.
 """
@@ -23,9 +24,10 @@ from lorafleet.frontend.errors import (
     NoLiveInstanceError,
     WorkerError,
 )
+from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry, ServedModel
-from lorafleet.proto.adapters import AdapterSpec
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["CATCH_UP_TIMEOUT_S", "ColdAdapter", "ModelResolver"]
@@ -48,11 +50,13 @@ class ModelResolver:
     """Resolves request model names through the registry, the desired state and the loader."""
 
     def __init__(
-        self, registry: ModelRegistry, desired: DesiredState, loader: OnDemandLoader
-    ) -> None:
+        self, registry: ModelRegistry, desired: DesiredState, loader: OnDemandLoader,
+        loads: FleetLoads,
+    ) -> None:  # fmt: skip
         self.registry = registry
         self.desired = desired
         self.loader = loader
+        self.loads = loads
         self._cold: tuple[tuple[int, int], list[ColdAdapter]] = ((-1, -1), [])
         """``cold()``'s answer and the (registry version, desired changes) it was built at."""
 
@@ -73,8 +77,18 @@ class ModelResolver:
         served = self.registry.get(name)
         if served is not None:
             return served
-        spec = self.desired.get(name)
+        spec = self.desired.get(name) or self._evicted(name)
         return None if spec is None else await self.loader.load(spec)
+
+    def _evicted(self, name: str) -> AdapterSpec | None:
+        """An unmanaged adapter that placement evicted, as a spec to load it back on demand
+        from the source it had: an eviction never turns into a 404."""
+        last = self.loads.last_eviction(name)
+        if last is None:
+            return None
+        gone = last[1]
+        return AdapterSpec(name=name, base_model=gone.base_model,
+                           source=LoraSource(uri=gone.uri), replicas=0)  # fmt: skip
 
     async def _catch_up(self, name: str) -> None:
         """Wait until the instances, cards and desired state seen here are etcd's now; on

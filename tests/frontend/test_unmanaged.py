@@ -89,3 +89,25 @@ async def test_an_unmanaged_adapter_placement_evicted_is_listed_with_when_and_wh
     await asyncio.to_thread(print_fleet, frontend.url, as_json=False)
     out = capsys.readouterr().out
     assert f"evicted from {fleet.instance_id:x} at" in out and "pinned adapter 'pirate'" in out
+
+
+async def test_a_request_for_an_evicted_unmanaged_adapter_loads_it_back_from_its_source(
+    workers, nats_url, etcd, namespace, frontend
+) -> None:
+    worker = await StandInWorker(nats_url, etcd, namespace, "demo", answer_loads=True).start()
+    workers.append(worker)
+    await wait_for_models(frontend, {"demo"})
+    gone = EvictedAdapter(base_model="demo", uri="s3://bucket/old", digest=OLD_DIGEST,
+                          at=time.time(), reason="its slot went to a desired adapter")  # fmt: skip
+    record = InstanceLoad(base_model="demo", max_loras=4, evicted={"old": gone})
+    key = load_key(namespace, COMPONENT, ENDPOINT, worker.instance_id)
+    await etcd.put(key.encode(), encode_instance_load(record))  # the worker's publication
+    loads = frontend.app.state.services.loads
+    await loads.cache.wait_until(lambda _: loads.of(worker.instance_id) is not None, timeout_s=30)
+
+    body = {"model": "old", "prompt": "hi", "max_tokens": 2}
+    answer = await frontend.http.post("/v1/completions", json=body, timeout=30)
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "old"
+    assert worker.loads == ["old"]
