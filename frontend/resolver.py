@@ -4,9 +4,9 @@ An unmanaged adapter that placement evicted (the workers' load records keep its
 source) loads back on demand as a desired one does. A name in none of these is a
 404, once this frontend's watches have caught up with etcd (read your writes: a
 load answered by a worker or another frontend has its card in etcd, and the
-watch may not have brought it yet). A desired adapter is *cold* while no live instance has its card; it is
-listed (``loaded: false``) when a live instance serves its base model, since a
-request can load it then.
+watch may not have brought it yet). A desired adapter is *cold* while no live
+instance has its card; it is listed (``loaded: false``) when a live instance
+serves its base model, since a request can load it then.
 """
 
 from __future__ import annotations
