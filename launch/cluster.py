@@ -29,7 +29,8 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from lorafleet.discovery.keys import DEFAULT_NAMESPACE
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.keys import DEFAULT_NAMESPACE, adapters_prefix
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.admin import instances
 from lorafleet.launch.cluster_state import ClusterState, remove_state, write_state
@@ -45,6 +46,7 @@ from lorafleet.launch.processes import (
 )
 from lorafleet.launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
 from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
@@ -97,6 +99,7 @@ def run_cluster(options: ClusterOptions) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ExitStack() as stack:
         (etcd, etcd_settings, etcdctl_flags), nats, nats_env = _start_servers(options, stack)
+        stack.callback(_forget_desired_state, etcd_settings, options.namespace)
         env = {
             **etcd_settings.env(),
             "NATS_SERVER": nats.url,
@@ -271,6 +274,23 @@ def _declare_adapters(frontend_url: str, options: ClusterOptions, adapters: dict
             raise ClusterNotReadyError(f"declaring adapter {name} failed: {response.text}")
     for name in adapters:
         _wait_placed(frontend_url, name, options.workers)
+
+
+def _forget_desired_state(etcd: EtcdSettings, namespace: str) -> None:
+    """Delete the desired state once every child stopped: it has no lease, and ``up`` leaves
+    nothing in etcd (its next run starts a fresh etcd anyway)."""
+
+    async def forget() -> None:
+        client = await connect_etcd(etcd)
+        try:
+            await client.delete_prefix(adapters_prefix(namespace).encode())
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(forget())
+    except LorafleetError as exc:  # etcd already gone: its data dir is wiped on the next run
+        print(f"could not clear the desired adapters: {exc}", file=sys.stderr, flush=True)
 
 
 def _wait_placed(frontend_url: str, name: str, workers: int) -> None:

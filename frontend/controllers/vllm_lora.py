@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 from litestar import Controller, Response
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
@@ -131,10 +132,14 @@ class VllmLoraController(Controller):
             return _error(vllm_already_loaded(name))
         try:
             source = LoraSource(uri=lora_path_uri(data.lora_path))
-            base = _base_model(data, registry)
-            spec = AdapterSpec(name=name, base_model=base, source=source, replicas="all")
+            declared = services.desired.get(name)
+            if declared is not None:  # load_inplace: a new source, the rest as declared
+                spec = msgspec.structs.replace(declared, source=source)
+            else:
+                base = _base_model(data, registry)
+                spec = AdapterSpec(name=name, base_model=base, source=source, replicas="all")
             validate_adapter_spec(spec)
-            check_source(name, source.uri, max_rank=_max_rank(base, registry))
+            check_source(name, source.uri, max_rank=_max_rank(spec.base_model, registry))
             outcome = await services.writes.load(spec)
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))

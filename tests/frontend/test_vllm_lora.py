@@ -262,3 +262,40 @@ async def _card(etcd, namespace: str, name: str) -> ModelDeploymentCard:
         if card.lora is not None and card.lora.name == name:
             return card
     raise AssertionError(f"no card of {name} in etcd")
+
+
+@pytest.mark.slow
+async def test_a_fleet_wide_reload_declares_the_new_source_and_never_claims_the_old_card(
+    lora_workers, tmp_path: Path, etcd, etcd_url: str, nats_url: str, namespace: str
+) -> None:
+    config = FrontendConfig(namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH, admin_token=TOKEN,
+                            on_demand_timeout_s=5)  # fmt: skip
+    async with run_frontend(config) as frontend:
+        await asyncio.to_thread(lora_workers, 1)
+        await wait_for_models(frontend, {"demo"}, timeout_s=30)
+        old = str(make_adapter_dir(tmp_path / "v1", "fx"))
+        new = str(make_adapter_dir(tmp_path / "v2", "fx"))
+        body = {"lora_name": "fx", "lora_path": old}
+        first = await frontend.http.post("/v1/load_lora_adapter", json=body, headers=AUTH)
+        assert first.status_code == 200, first.text
+        same = {**body, "load_inplace": True}
+        again = await frontend.http.post("/v1/load_lora_adapter", json=same, headers=AUTH)
+        assert again.status_code == 200, again.text  # already so: nothing to wait for
+
+        reload = {"lora_name": "fx", "lora_path": new, "load_inplace": True}
+        answer = await frontend.http.post(
+            "/v1/load_lora_adapter", json=reload, headers=AUTH, timeout=30
+        )
+
+        stored = await etcd.get(adapter_key(namespace, lora_slug("fx")).encode())
+        assert msgspec.json.decode(stored.value, type=AdapterSpec).source.uri == f"file://{new}"
+        served = frontend.registry.get("fx")
+        sources = {frontend.registry.card_on("fx", i.instance_id).source for i in served.instances}
+        # 200 only once a worker swapped to the new source; until then 202, never a 200
+        # over the old weights
+        if answer.status_code == 200:
+            assert f"file://{new}" in sources
+        else:
+            assert answer.status_code == 202, answer.text
+            assert sources == {f"file://{old}"}
