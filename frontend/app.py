@@ -121,7 +121,7 @@ async def _start_services(
     stack.push_async_callback(loader.aclose)
     resolver = ModelResolver(registry, desired, loader, loads)
     writes = LoraWrites(
-        registry, desired, loads, plane, timeout_s=config.on_demand_timeout_s,
+        registry, desired, loads, loader, plane, timeout_s=config.on_demand_timeout_s,
         settings=config.dispatch, worker_token=config.worker_token,
     )  # fmt: skip
     app.state.services = Services(

@@ -1,9 +1,12 @@
 """vLLM's load and unload on the frontend, answered as vLLM answers: once done, or the error.
 
 A load declares the adapter for every instance of its base model (``replicas:
-"all"``), then waits until a live instance has its card with the requested
-source, or until every instance that loads adapters has failed to load it
-since (their load records say so). A failure puts the desired state back as
+"all"``). A new adapter is then loaded on one instance at once, as a request
+for it would be (``OnDemandLoader``: least loaded first, evicting an idle
+adapter when every slot is taken, which placement alone never does); a reload
+to a new source waits until a live instance has the new version's card (the
+workers swap), or until every instance that loads adapters has failed to load
+it since (their load records say so). A failure puts the desired state back as
 it was (a new adapter is deleted, a reload gets its old source back), so bad
 input changes nothing. Past ``timeout_s`` the caller answers 202: still loading.
 
@@ -23,14 +26,20 @@ import structlog
 
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.dispatcher import DispatchSettings
-from lorafleet.frontend.errors import InstanceLostError
+from lorafleet.frontend.errors import (
+    AdapterLoadFailedError,
+    InstanceLostError,
+    LoadTimeoutError,
+    WorkerError,
+)
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.load_failures import Failure
+from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.worker_updates import send_update
 from lorafleet.process.auth import bearer_header
-from lorafleet.proto.adapters import AdapterSpec, UnloadLoraRequest
+from lorafleet.proto.adapters import AdapterLoadError, AdapterSpec, UnloadLoraRequest
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import ErrorInfo, LorafleetError, NotFoundError, error_from_info
 from lorafleet.proto.inference import UpdateRequest
@@ -69,12 +78,13 @@ class LoraWrites:
 
     def __init__(
         self, registry: ModelRegistry, desired: DesiredState, loads: FleetLoads,
-        plane: RequestPlane, *, timeout_s: float, settings: DispatchSettings,
-        worker_token: str | None = None,
+        loader: OnDemandLoader, plane: RequestPlane, *, timeout_s: float,
+        settings: DispatchSettings, worker_token: str | None = None,
     ) -> None:  # fmt: skip
         self._registry = registry
         self._desired = desired
         self._loads = loads
+        self._loader = loader
         self._plane = plane
         self.timeout_s = timeout_s
         self._settings = settings
@@ -90,21 +100,39 @@ class LoraWrites:
         changed = await self._desired.apply(spec)
         if not changed and self._has_card(spec):
             return "unchanged"
+        try:
+            if self._registry.get(spec.name) is None:
+                await self._loader.load(spec, retry_failed=True)
+                return "loaded"
+            failure = await self._swapped_or_failed(spec, attempts)
+        except (TimeoutError, LoadTimeoutError):
+            log.info("vllm load still running", adapter=spec.name, waited_s=self.timeout_s)
+            return "loading"
+        except AdapterLoadFailedError as exc:
+            failure = exc.failure
+        except WorkerError as exc:  # full or starting everywhere: the worker's own code
+            await self._restore(spec.name, previous)
+            raise exc.error from exc
+        except LorafleetError:
+            await self._restore(spec.name, previous)
+            raise
+        if failure is None:
+            return "loaded"
+        await self._restore(spec.name, previous)
+        message = f"loading adapter {spec.name!r} failed on instance {failure.instance}: "
+        raise error_from_info(ErrorInfo(code=failure.code, message=message + failure.message))
+
+    async def _swapped_or_failed(
+        self, spec: AdapterSpec, attempts: _Attempts
+    ) -> AdapterLoadError | None:
+        """Wait until a live instance has ``spec``'s card (None) or every instance failed
+        to load it since the call (the newest failure, as callers may see it)."""
 
         def outcome() -> Failure | Literal["loaded"] | None:
             return "loaded" if self._has_card(spec) else self._failed(spec, attempts)
 
-        try:
-            ended = await self._wait(outcome)
-        except TimeoutError:
-            log.info("vllm load still running", adapter=spec.name, waited_s=self.timeout_s)
-            return "loading"
-        if not isinstance(ended, Failure):
-            return "loaded"
-        await self._restore(spec.name, previous)
-        failure = ended.describe()
-        message = f"loading adapter {spec.name!r} failed on instance {failure.instance}: "
-        raise error_from_info(ErrorInfo(code=failure.code, message=message + failure.message))
+        ended = await self._wait(outcome)
+        return ended.describe() if isinstance(ended, Failure) else None
 
     async def unload(self, name: str) -> bool:
         """Remove ``name``: from the desired state, or from every instance that holds it when

@@ -143,13 +143,14 @@ class OnDemandLoader:
         self._loads: dict[str, asyncio.Task[ServedModel]] = {}
         self._waiting: dict[str, int] = {}
 
-    async def load(self, spec: AdapterSpec) -> ServedModel:
+    async def load(self, spec: AdapterSpec, *, retry_failed: bool = False) -> ServedModel:
         """The served adapter after loading it; joins a load of the same name in progress.
 
-        Raises ``AdapterLoadFailedError`` at once while its last failure holds, and
-        ``LoadQueueFullError`` when ``queue_limit`` requests already wait for it.
+        Raises ``AdapterLoadFailedError`` at once while its last failure holds (unless
+        ``retry_failed``: an operator's load tries again), and ``LoadQueueFullError`` when
+        ``queue_limit`` requests already wait for it.
         """
-        held = self.failures.holding(spec.name)
+        held = None if retry_failed else self.failures.holding(spec.name)
         if held is not None:
             raise _failed(spec.name, held)
         waiting = self._waiting.get(spec.name, 0)
