@@ -299,3 +299,19 @@ async def test_a_fleet_wide_reload_declares_the_new_source_and_never_claims_the_
         else:
             assert answer.status_code == 202, answer.text
             assert sources == {f"file://{old}"}
+
+
+@pytest.mark.slow
+async def test_a_load_onto_a_full_fleet_evicts_an_idle_adapter_and_answers_once_loaded(
+    lora_workers, admin_frontend, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(lora_workers, 1, "--max-loras", "1")
+    await wait_for_models(admin_frontend, {"demo"}, timeout_s=30)
+    for name in ("first", "second"):
+        path = str(make_adapter_dir(tmp_path / "adapters", name))
+        body = {"lora_name": name, "lora_path": path}
+        answer = await admin_frontend.http.post(
+            "/v1/load_lora_adapter", json=body, headers=AUTH, timeout=CONVERGE_TIMEOUT_S
+        )
+        assert answer.status_code == 200, answer.text
+        assert admin_frontend.registry.get(name) is not None
