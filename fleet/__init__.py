@@ -5,8 +5,11 @@ workers and frontends check alike (``adapter_files``: local files only)."""
 from lorafleet.fleet.adapter_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    ALLOW_PICKLE_VARIABLE,
+    adapter_bytes,
     adapter_problem,
     check_adapter_rank,
+    pickle_problem,
     read_adapter_config,
 )
 from lorafleet.fleet.placement import (
@@ -24,14 +27,17 @@ from lorafleet.fleet.placement import (
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
+    "ALLOW_PICKLE_VARIABLE",
     "HELD_DEMAND_EPS",
     "IN_USE_RPS",
     "LOAD_BOUND_EPS",
     "RendezvousCache",
+    "adapter_bytes",
     "adapter_problem",
     "check_adapter_rank",
     "chosen_instances",
     "may_drop_copy",
+    "pickle_problem",
     "plan_copies",
     "read_adapter_config",
     "rendezvous_order",

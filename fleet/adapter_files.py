@@ -7,6 +7,10 @@ the only thing checked inside a safetensors file is visible truncation (its
 header parses and declares more bytes than the file holds). The check reads a
 few kilobytes at most. This is the one reader of ``adapter_config.json``: the
 engines' rank check (:func:`check_adapter_rank`) reads it here too.
+
+``adapter_model.bin`` is a pickle, which runs code when it is loaded: it passes
+:func:`adapter_problem` (the file is usable) but :func:`pickle_problem` refuses it
+unless the operator allows pickles (``DYN_LORA_ALLOW_PICKLE``).
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from lorafleet.proto.errors import InvalidRequestError
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
+    "ALLOW_PICKLE_VARIABLE",
+    "adapter_bytes",
     "adapter_problem",
     "check_adapter_rank",
+    "pickle_problem",
     "read_adapter_config",
 ]
 
@@ -31,6 +38,7 @@ ADAPTER_WEIGHTS: Final = ("adapter_model.safetensors", "adapter_model.bin")
 CONFIG_MAX_BYTES: Final = 1 << 20
 SAFETENSORS_HEADER_MAX_BYTES: Final = 100 << 20
 _CONFIG_NAMES: Final = ("base_model_name_or_path", "peft_type")
+ALLOW_PICKLE_VARIABLE: Final = "DYN_LORA_ALLOW_PICKLE"
 
 
 def adapter_problem(path: Path) -> str | None:
@@ -46,6 +54,22 @@ def adapter_problem(path: Path) -> str | None:
                 return f"{weights.name} is empty"
             return _truncation(weights) if weights.suffix == ".safetensors" else None
     return f"neither {' nor '.join(ADAPTER_WEIGHTS)} is present"
+
+
+def pickle_problem(path: Path) -> str | None:
+    """Return why ``path``'s weights would be unpickled, or None when they are safetensors."""
+    safe, pickled = (path / name for name in ADAPTER_WEIGHTS)
+    if safe.is_file() or not pickled.is_file():
+        return None
+    return (
+        f"its weights are {pickled.name}, a pickle, which can run code when loaded; convert it "
+        f"to safetensors, or set {ALLOW_PICKLE_VARIABLE}=true on the worker to allow pickles"
+    )
+
+
+def adapter_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (an adapter directory, or one being downloaded)."""
+    return sum(member.stat().st_size for member in path.rglob("*") if member.is_file())
 
 
 def read_adapter_config(path: Path) -> dict[str, Any]:
