@@ -122,6 +122,11 @@ class AdaptersController(Controller):
     ) -> AdapterStatus:
         """Delete the desired state of ``name``; answers what was deleted."""
         name = name.lstrip("/")
+        if services.desired.get(name) is None and services.adapters.find(name) is not None:
+            raise NotFoundError(
+                f"adapter {shorten(name)!r} is not in the desired state: it is loaded straight "
+                "onto instances (unmanaged); POST /v1/unload_lora_adapter removes it from them"
+            )
         spec = _desired_or_404(services.desired, name)
         if not await services.desired.delete(name):
             raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")

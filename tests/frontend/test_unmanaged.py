@@ -56,6 +56,8 @@ async def test_an_adapter_loaded_straight_onto_a_worker_is_listed_unmanaged_with
     assert (robot["digest"], robot["base_model"]) == (ROBOT_DIGEST, "demo")
     assert robot["source"]["uri"] == "file:///***/robot"
     assert (await frontend.http.get("/v1/adapters/robot")).json() == robot
+    refused = await frontend.http.delete("/v1/adapters/robot")
+    assert refused.status_code == 404 and "/v1/unload_lora_adapter" in refused.text
     assert models["robot"]["digest"] == ROBOT_DIGEST and models["demo"]["digest"] is None
     # what `lorafleet lora list` prints after the workers' table
     await asyncio.to_thread(print_fleet, frontend.url, as_json=False)
