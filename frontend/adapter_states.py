@@ -70,7 +70,11 @@ class AdapterStates:
         spec = self._desired.get(name)
         if spec is not None:
             return self.status(spec)
-        return next((status for status in self.unmanaged() if status.name == name), None)
+        served = self._registry.get(name)
+        if served is not None and served.parent is not None:
+            return _served_status(served)
+        last = self._loads.last_eviction(name)
+        return None if last is None else _evicted_status(name, *last)
 
     def unmanaged(self) -> list[AdapterStatus]:
         """Adapters that live instances serve, or placement evicted, and the desired state
