@@ -73,6 +73,18 @@ def _text(message: str, status_code: int = 200) -> Response[Any]:
     return Response(message, status_code=status_code, media_type=MediaType.TEXT)
 
 
+def _loaded(
+    name: str, source: LoraSource, declared: AdapterSpec | None, registry: ModelRegistry
+) -> bool:
+    """vLLM's "already loaded": a live instance serves ``name``, or it is declared from another
+    source (a declared adapter not loaded yet, from this source, is loaded: a retry after a
+    202 waits again rather than hearing that it worked)."""
+    served = registry.get(name)
+    if served is not None and served.parent is not None:
+        return True
+    return declared is not None and declared.source != source
+
+
 def _max_rank(base_model: str, registry: ModelRegistry) -> int:
     """The lowest rank limit the base model's instances publish (0: none says one)."""
     base = registry.get(base_model)
@@ -124,16 +136,12 @@ class VllmLoraController(Controller):
         if not data.lora_name or not data.lora_path:
             return _error(vllm_missing_load_fields())
         name, registry = data.lora_name, services.registry
-        served = registry.get(name)
-        known = services.desired.get(name) is not None or (
-            served is not None and served.parent is not None
-        )
-        if known and not data.load_inplace:
-            return _error(vllm_already_loaded(name))
         try:
             source = LoraSource(uri=lora_path_uri(data.lora_path))
             declared = services.desired.get(name)
-            if declared is not None:  # load_inplace: a new source, the rest as declared
+            if not data.load_inplace and _loaded(name, source, declared, registry):
+                return _error(vllm_already_loaded(name))
+            if declared is not None:  # a new source (load_inplace), the rest as declared
                 spec = msgspec.structs.replace(declared, source=source)
             else:
                 base = _base_model(data, registry)

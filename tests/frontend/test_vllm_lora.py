@@ -117,7 +117,10 @@ async def test_vllm_errors_on_the_frontend_are_vllm_shaped(admin_frontend, demo)
     http = admin_frontend.http
     body = {"lora_name": "sql-lora", "lora_path": "s3://bucket/sql"}
     assert (await http.post("/v1/load_lora_adapter", json=body, headers=AUTH)).status_code == 202
-    again = await http.post("/v1/load_lora_adapter", json=body, headers=AUTH)
+    retry = await http.post("/v1/load_lora_adapter", json=body, headers=AUTH)
+    assert retry.status_code == 202  # declared, loaded nowhere yet: a retry waits again
+    other = {"lora_name": "sql-lora", "lora_path": "s3://bucket/other"}
+    again = await http.post("/v1/load_lora_adapter", json=other, headers=AUTH)
     assert again.status_code == 400
     assert again.json() == _vllm_error(
         "The lora adapter 'sql-lora' has already been loaded.", "InvalidUserInput", 400
