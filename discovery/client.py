@@ -203,6 +203,20 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         )
         return await self.kvstub.Range(request, timeout=self._timeout, metadata=self.metadata)
 
+    async def newest_revision(self, prefix: bytes) -> int:
+        """The highest ``mod_revision`` among the keys under ``prefix`` now (0: no key).
+
+        A watch that applied events up to it holds every key there is: the frontend's
+        read-your-writes check before a 404. Keys only, one key back.
+        """
+        await self.connect()
+        request = rpc.RangeRequest(
+            key=prefix, range_end=utils.prefix_range_end(prefix), limit=1, keys_only=True,
+            sort_order=rpc.RangeRequest.DESCEND, sort_target=rpc.RangeRequest.MOD,
+        )  # fmt: skip
+        reply = await self.kvstub.Range(request, timeout=self._timeout, metadata=self.metadata)
+        return int(reply.kvs[0].mod_revision) if reply.kvs else 0
+
     async def keep_lease_alive(self, lease_id: int) -> int:
         """Refresh the lease once and return the TTL etcd gave it (<= 0: the lease is gone).
 

@@ -3,12 +3,13 @@
 List the prefix at revision R (page by page), watch from R+1, apply PUT and
 DELETE events; on any stream failure or compaction, list again and carry on,
 so the cache always converges to etcd. Subscribers hear every add and remove exactly once.
+``catch_up`` waits until the copy holds every key etcd holds now (read your writes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Final, Generic, TypeAlias, TypeVar
 
 import msgspec
@@ -55,6 +56,8 @@ class WatchCache(Generic[T]):
         self._listeners: list[WatchListener[T]] = []
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._catching_up: asyncio.Task[None] | None = None
+        self._next_catch_up: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
@@ -94,8 +97,39 @@ class WatchCache(Generic[T]):
         async with asyncio.timeout(timeout_s), self._changed:
             await self._changed.wait_for(lambda: predicate(self._items))
 
+    async def catch_up(self, timeout_s: float) -> None:
+        """Wait until the cache holds every key under the prefix as etcd holds it now.
+
+        Reads etcd's newest ``mod_revision`` there (``EtcdUnavailableError`` when etcd is
+        away), then waits for the watch to apply it (TimeoutError after ``timeout_s``).
+        Callers share reads: one that arrives while a read runs waits for the next one,
+        which starts after it, so that every caller sees etcd as it was when it asked.
+        """
+        running = self._catching_up
+        if running is None or running.done():
+            self._catching_up = running = _task(self._caught_up(timeout_s))
+        elif self._next_catch_up is None:
+            self._next_catch_up = running = _task(self._after(running, timeout_s))
+        else:
+            running = self._next_catch_up
+        await asyncio.shield(running)
+
+    async def _after(self, previous: asyncio.Task[None], timeout_s: float) -> None:
+        await asyncio.gather(previous, return_exceptions=True)
+        self._catching_up, self._next_catch_up = self._next_catch_up, None
+        await self._caught_up(timeout_s)
+
+    async def _caught_up(self, timeout_s: float) -> None:
+        with self._etcd.errors("newest revision", self.prefix):
+            newest = await self._etcd.newest_revision(self.prefix.encode())
+        if self.revision < newest:
+            await self.wait_until(lambda _items: self.revision >= newest, timeout_s)
+
     async def aclose(self) -> None:
         """Stop following etcd."""
+        for waiting in (self._catching_up, self._next_catch_up):
+            if waiting is not None:
+                waiting.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -209,3 +243,10 @@ class WatchCache(Generic[T]):
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+
+def _task(work: Coroutine[None, None, None]) -> asyncio.Task[None]:
+    """A task whose failure its waiters hear; none is logged when they all gave up."""
+    task = asyncio.create_task(work)
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task

@@ -1,8 +1,11 @@
-"""Where each desired adapter stands: placed, loading, failed, pending or cold, and why.
+"""Where each adapter stands: placed, loading, failed, pending or cold, and why; or
+``unmanaged`` (loaded straight onto workers, not declared) and ``evicted`` (such an
+adapter that placement evicted).
 
-Read from what this frontend already follows (cards, load records, its own
-on-demand loads and failures); never from etcd in the request. ``/v1/adapters``,
-``/v1/models`` and ``lorafleet lora`` show the same answer.
+Read from what this frontend already follows (cards, load records, the desired
+state, its own on-demand loads and failures); never from etcd in the request.
+``/v1/adapters``, ``/v1/models`` and ``lorafleet lora`` show the same answer, so
+every adapter the fleet serves is seen, declared or not.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
-from lorafleet.frontend.load_failures import LoadFailures
+from lorafleet.frontend.load_failures import LoadFailures, iso_time
 from lorafleet.frontend.on_demand import OnDemandLoader
-from lorafleet.frontend.registry import ModelRegistry
+from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.proto.adapters import (
+    AdapterEviction,
     AdapterLoadError,
     AdapterSpec,
     AdapterState,
@@ -22,6 +27,7 @@ from lorafleet.proto.adapters import (
     LoraSource,
     replica_bounds,
 )
+from lorafleet.proto.fleet_load import EvictedAdapter
 from lorafleet.proto.uris import public_uri
 
 __all__ = ["AdapterStates", "StateOf"]
@@ -41,16 +47,48 @@ class StateOf:
 
 
 class AdapterStates:
-    """Computes ``AdapterStatus`` for desired adapters from the frontend's caches."""
+    """Computes ``AdapterStatus`` for every adapter from the frontend's caches."""
 
     def __init__(
-        self, registry: ModelRegistry, loads: FleetLoads, failures: LoadFailures,
-        loader: OnDemandLoader,
+        self, registry: ModelRegistry, desired: DesiredState, loads: FleetLoads,
+        failures: LoadFailures, loader: OnDemandLoader,
     ) -> None:  # fmt: skip
         self._registry = registry
+        self._desired = desired
         self._loads = loads
         self._failures = failures
         self._loader = loader
+
+    def every(self) -> list[AdapterStatus]:
+        """Every adapter, sorted by name: the desired ones and the unmanaged ones."""
+        found = [self.status(spec) for spec in self._desired.specs()]
+        found += self.unmanaged()
+        return sorted(found, key=lambda status: status.name)
+
+    def find(self, name: str) -> AdapterStatus | None:
+        """Adapter ``name``'s status, desired or unmanaged; None when the fleet has no such."""
+        spec = self._desired.get(name)
+        if spec is not None:
+            return self.status(spec)
+        served = self._registry.get(name)
+        if served is not None and served.parent is not None:
+            return _served_status(served)
+        last = self._loads.last_eviction(name)
+        return None if last is None else _evicted_status(name, *last)
+
+    def unmanaged(self) -> list[AdapterStatus]:
+        """Adapters that live instances serve, or placement evicted, and the desired state
+        does not declare: loaded straight onto a worker (its routes, ``lorafleet lora load``)."""
+        found = {
+            served.name: _served_status(served)
+            for served in self._registry.models()
+            if served.parent is not None and self._desired.get(served.name) is None
+        }
+        for name in self._loads.evicted():
+            last = self._loads.last_eviction(name)
+            if last is not None and name not in found and self._desired.get(name) is None:
+                found[name] = _evicted_status(name, *last)
+        return list(found.values())
 
     def state_of(self, spec: AdapterSpec) -> StateOf:
         """``placed`` (a live card), ``loading`` (an instance or this frontend loads it),
@@ -80,5 +118,29 @@ class AdapterStates:
             replicas=spec.replicas, min_replicas=low, max_replicas=high, pinned=spec.pinned,
             instances=now.instances, warnings=warnings or [], state=now.state,
             loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
-            error=now.error,
+            error=now.error, digest=self._digest(spec.name),
         )  # fmt: skip
+
+    def _digest(self, name: str) -> str:
+        served = self._registry.get(name)
+        return served.card.digest if served is not None and served.parent is not None else ""
+
+
+def _served_status(served: ServedModel) -> AdapterStatus:
+    """An unmanaged adapter a live instance serves: its card says where it came from."""
+    return AdapterStatus(
+        name=served.name, base_model=served.parent or "", source=LoraSource(uri=served.root),
+        replicas=0, min_replicas=0, max_replicas=0, state="unmanaged",
+        instances=[f"{instance.instance_id:x}" for instance in served.instances],
+        digest=served.card.digest,
+    )  # fmt: skip
+
+
+def _evicted_status(name: str, instance_id: int, last: EvictedAdapter) -> AdapterStatus:
+    """An unmanaged adapter placement evicted everywhere: its last eviction says all."""
+    return AdapterStatus(
+        name=name, base_model=last.base_model, source=LoraSource(uri=public_uri(last.uri)),
+        replicas=0, min_replicas=0, max_replicas=0, state="evicted", digest=last.digest,
+        evicted=AdapterEviction(at=iso_time(last.at), instance=f"{instance_id:x}",
+                                reason=last.reason),
+    )  # fmt: skip

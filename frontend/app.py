@@ -42,6 +42,7 @@ from lorafleet.frontend.generate_routes import ENDPOINT_BY_PATH
 from lorafleet.frontend.generation import GenerationService
 from lorafleet.frontend.json_request import BoundedJsonRequest
 from lorafleet.frontend.load_failures import LoadFailures
+from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry
@@ -113,16 +114,20 @@ async def _start_services(
         settings=config.dispatch, worker_token=config.worker_token,
     )  # fmt: skip
     stack.push_async_callback(loader.aclose)
-    resolver = ModelResolver(registry, desired, loader)
+    resolver = ModelResolver(registry, desired, loader, loads)
+    writes = LoraWrites(
+        registry, desired, loads, loader, plane, timeout_s=config.on_demand_timeout_s,
+        settings=config.dispatch, worker_token=config.worker_token,
+    )  # fmt: skip
     aliases = await AliasBook.start(etcd, config.namespace)
     stack.push_async_callback(aliases.aclose)
     rollouts = await RolloutLoop.start(etcd, aliases, metrics)
     stack.push_async_callback(rollouts.aclose)
     app.state.services = Services(
         plane=plane, registry=registry, desired=desired, loads=loads,
-        adapters=AdapterStates(registry, loads, failures, loader), resolver=resolver,
+        adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
-        aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases),
+        aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

@@ -5,7 +5,7 @@ kept per card counts: the whole decoded ``ModelDeploymentCard`` (two nested
 structs, a list and eight strings) was about 930 bytes of a card's 3 KiB.
 ``CardView`` keeps only what ``/v1/models``, routing, on-demand loading and
 errors read, shares the values that repeat across cards (the base model's
-name, the model types, the context length), and is not tracked by the
+name, the model types, the context length, the rank limit), and is not tracked by the
 garbage collector (it holds only strings, numbers and a tuple of strings).
 The card in etcd is unchanged: it is decoded and validated as the contract
 says (``proto.discovery.decode_card``), then viewed.
@@ -47,7 +47,12 @@ class CardView(msgspec.Struct, frozen=True, gc=False):
     context_length: int
     enable_lora: bool
     """Whether the instance loads adapters (the base card's ``runtime_config``)."""
+    max_lora_rank: int
+    """The highest adapter rank the instance loads (the base card's ``runtime_config``; 0:
+    not said)."""
     created: int
+    digest: str = ""
+    """An adapter's content digest as its card says (``sha256:<hex>``); "" for a base card."""
 
     @classmethod
     def of(cls, card: ModelDeploymentCard) -> CardView:
@@ -60,7 +65,9 @@ class CardView(msgspec.Struct, frozen=True, gc=False):
             model_type=_shared(tuple(card.model_type)),
             context_length=_shared(card.context_length),
             enable_lora=card.runtime_config.enable_lora,
+            max_lora_rank=_shared(card.runtime_config.max_lora_rank),
             created=card.created,
+            digest="" if lora is None else lora.digest,
         )
 
     @property

@@ -1,7 +1,8 @@
 """The workers' load records (``v1/load/{ns}/...``), followed by a watch cache, read by id.
 
 Every worker publishes one ``InstanceLoad`` under its lease: its free slots, its
-in-flight requests, its adapters' demand and the loads that failed there. The
+in-flight requests, its adapters' demand, the loads that failed there and the
+unmanaged adapters placement evicted. The
 frontend reads them to send on-demand loads where there is room and to tell
 clients and operators an adapter's state; it never writes them.
 """
@@ -14,7 +15,12 @@ from typing import TypeVar
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import load_prefix, parse_load_key
 from lorafleet.discovery.watch_cache import WatchCache
-from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, decode_instance_load
+from lorafleet.proto.fleet_load import (
+    EvictedAdapter,
+    InstanceLoad,
+    LoadFailure,
+    decode_instance_load,
+)
 
 __all__ = ["FleetLoads"]
 
@@ -34,6 +40,7 @@ class FleetLoads:
         self._loading: dict[str, dict[int, bool]] = {}
         self._failed: dict[str, dict[int, LoadFailure]] = {}
         self._demand: dict[str, dict[int, float]] = {}
+        self._evicted: dict[str, dict[int, EvictedAdapter]] = {}
         for key, load in cache.items.items():
             self._changed(key, None, load)
         self._unsubscribe = cache.subscribe(self._changed)
@@ -68,6 +75,17 @@ class FleetLoads:
         """The last failed load of ``adapter`` on each instance that lists one."""
         return dict(self._failed.get(adapter, {}))
 
+    def evicted(self) -> list[str]:
+        """Names of the unmanaged adapters placement evicted (on some instance), sorted."""
+        return sorted(self._evicted)
+
+    def last_eviction(self, adapter: str) -> tuple[int, EvictedAdapter] | None:
+        """The newest eviction of unmanaged ``adapter`` and the instance it left, or None."""
+        entries = self._evicted.get(adapter)
+        if not entries:
+            return None
+        return max(entries.items(), key=lambda entry: entry[1].at)
+
     def _changed(self, key: str, old: InstanceLoad | None, new: InstanceLoad | None) -> None:
         """Move the instance's entries in the indexes from ``old`` to ``new``."""
         try:
@@ -82,6 +100,8 @@ class FleetLoads:
                 _drop(self._failed, name, instance_id)
             for name in old.demand:
                 _drop(self._demand, name, instance_id)
+            for name in old.evicted:
+                _drop(self._evicted, name, instance_id)
         if new is not None:
             self._by_id[instance_id] = new
             for name in new.loading:
@@ -90,6 +110,8 @@ class FleetLoads:
                 self._failed.setdefault(name, {})[instance_id] = failure
             for name, rate in new.demand.items():
                 self._demand.setdefault(name, {})[instance_id] = rate
+            for name, gone in new.evicted.items():
+                self._evicted.setdefault(name, {})[instance_id] = gone
 
 
 def _drop(index: dict[str, dict[int, _T]], name: str, instance_id: int) -> None:

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-import msgspec
 import structlog
 
 from lorafleet.fleet.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
@@ -42,6 +41,7 @@ from lorafleet.frontend.load_failures import Failure, LoadFailures, iso_time
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.frontend.worker_updates import send_update
 from lorafleet.process.auth import bearer_header
 from lorafleet.proto.adapters import AdapterSpec, LoadLoraRequest
 from lorafleet.proto.discovery import Instance
@@ -143,13 +143,14 @@ class OnDemandLoader:
         self._loads: dict[str, asyncio.Task[ServedModel]] = {}
         self._waiting: dict[str, int] = {}
 
-    async def load(self, spec: AdapterSpec) -> ServedModel:
+    async def load(self, spec: AdapterSpec, *, retry_failed: bool = False) -> ServedModel:
         """The served adapter after loading it; joins a load of the same name in progress.
 
-        Raises ``AdapterLoadFailedError`` at once while its last failure holds, and
-        ``LoadQueueFullError`` when ``queue_limit`` requests already wait for it.
+        Raises ``AdapterLoadFailedError`` at once while its last failure holds (unless
+        ``retry_failed``: an operator's load tries again), and ``LoadQueueFullError`` when
+        ``queue_limit`` requests already wait for it.
         """
-        held = self.failures.holding(spec.name)
+        held = None if retry_failed else self.failures.holding(spec.name)
         if held is not None:
             raise _failed(spec.name, held)
         waiting = self._waiting.get(spec.name, 0)
@@ -277,11 +278,9 @@ class OnDemandLoader:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""
         load = LoadLoraRequest(lora_name=spec.name, source=spec.source, evict_placed=evict_placed)
         update = UpdateRequest.of(LOAD_UPDATE, load)
-        reply = await self._plane.open(instance.subject, update, headers=self._headers)
-        try:
-            answer = await reply.receive(_decode_update, instance.instance_id, self._settings)
-        finally:
-            reply.close()
+        answer = await send_update(
+            self._plane, instance, update, headers=self._headers, settings=self._settings
+        )
         error = _error_of(answer, spec)
         if error is None:
             return
@@ -329,10 +328,6 @@ def _error_of(answer: UpdateReply, spec: AdapterSpec) -> LorafleetError | None:
 
 def _failed(adapter: str, failure: Failure) -> AdapterLoadFailedError:
     return AdapterLoadFailedError(adapter, failure.describe(), iso_time(failure.hold_until))
-
-
-def _decode_update(data: bytes) -> UpdateReply:
-    return msgspec.msgpack.decode(data, type=UpdateReply)
 
 
 def _code(exc: LorafleetError) -> str:

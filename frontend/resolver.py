@@ -1,13 +1,21 @@
 """Which served model answers a name: the registry's, else a desired adapter loaded on demand.
 
-A name in neither the cards nor the desired state is a 404. A desired adapter
-is *cold* while no live instance has its card; it is listed (``loaded: false``)
-when a live instance serves its base model, since a request can load it then.
+An unmanaged adapter that placement evicted (the workers' load records keep its
+source) loads back on demand as a desired one does. A name in none of these is a
+404, once this frontend's watches have caught up with etcd (read your writes: a
+load answered by a worker or another frontend has its card in etcd, and the
+watch may not have brought it yet). A desired adapter is *cold* while no live
+instance has its card; it is listed (``loaded: false``) when a live instance
+serves its base model, since a request can load it then.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import Final
+
+import structlog
 
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.errors import (
@@ -16,12 +24,18 @@ from lorafleet.frontend.errors import (
     NoLiveInstanceError,
     WorkerError,
 )
+from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.on_demand import OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry, ServedModel
-from lorafleet.proto.adapters import AdapterSpec
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
 
-__all__ = ["ColdAdapter", "ModelResolver"]
+__all__ = ["CATCH_UP_TIMEOUT_S", "ColdAdapter", "ModelResolver"]
+
+log = structlog.get_logger(__name__)
+
+CATCH_UP_TIMEOUT_S: Final = 5.0
+"""How long a request for an unknown name waits for the watches to reach etcd's revision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,25 +50,55 @@ class ModelResolver:
     """Resolves request model names through the registry, the desired state and the loader."""
 
     def __init__(
-        self, registry: ModelRegistry, desired: DesiredState, loader: OnDemandLoader
-    ) -> None:
+        self, registry: ModelRegistry, desired: DesiredState, loader: OnDemandLoader,
+        loads: FleetLoads,
+    ) -> None:  # fmt: skip
         self.registry = registry
         self.desired = desired
         self.loader = loader
+        self.loads = loads
         self._cold: tuple[tuple[int, int], list[ColdAdapter]] = ((-1, -1), [])
         """``cold()``'s answer and the (registry version, desired changes) it was built at."""
 
     async def resolve(self, name: str) -> ServedModel:
-        """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise."""
-        served = self.registry.get(name)
+        """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise
+        (after catching up with etcd)."""
+        served = await self._served_or_cold(name)
+        if served is None:
+            await self._catch_up(name)
+            served = await self._served_or_cold(name)
         if served is not None:
             return served
-        spec = self.desired.get(name)
-        if spec is not None:
-            return await self.loader.load(spec)
         if self.registry.known(name):
             raise NoLiveInstanceError(name)
         raise self.not_found(name)
+
+    async def _served_or_cold(self, name: str) -> ServedModel | None:
+        served = self.registry.get(name)
+        if served is not None:
+            return served
+        spec = self.desired.get(name) or self._evicted(name)
+        return None if spec is None else await self.loader.load(spec)
+
+    def _evicted(self, name: str) -> AdapterSpec | None:
+        """An unmanaged adapter that placement evicted, as a spec to load it back on demand
+        from the source it had: an eviction never turns into a 404."""
+        last = self.loads.last_eviction(name)
+        if last is None:
+            return None
+        gone = last[1]
+        return AdapterSpec(name=name, base_model=gone.base_model,
+                           source=LoraSource(uri=gone.uri), replicas=0)  # fmt: skip
+
+    async def _catch_up(self, name: str) -> None:
+        """Wait until the instances, cards and desired state seen here are etcd's now; on
+        etcd trouble or past ``CATCH_UP_TIMEOUT_S``, answer from what is seen."""
+        caches = (self.registry.instance_cache, self.registry.card_cache, self.desired.cache)
+        try:
+            await asyncio.gather(*(cache.catch_up(CATCH_UP_TIMEOUT_S) for cache in caches))
+        except (TimeoutError, LorafleetError) as exc:
+            log.info("unknown model answered without catching up with etcd", model=name,
+                     error=str(exc) or type(exc).__name__)  # fmt: skip
 
     def not_found(self, name: str) -> ModelNotFoundError:
         """The 404 for ``name``, naming the first names that exist and how many there are.

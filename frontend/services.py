@@ -17,6 +17,7 @@ from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.generation import GenerationService
+from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
@@ -37,6 +38,8 @@ class Services:
     adapters: AdapterStates
     """Each desired adapter's state (``/v1/adapters``, ``/v1/models``)."""
     resolver: ModelResolver
+    writes: LoraWrites
+    """vLLM's load and unload over the fleet, answered with their outcome."""
     generation: GenerationService
     metrics: FrontendMetrics
     aliases: AliasBook

@@ -103,6 +103,13 @@ def _up_parser(up: argparse.ArgumentParser) -> None:
         default=_default_state_dir(),
         help="servers' data, logs and cluster.json (env LORAFLEET_STATE_DIR)",
     )
+    up.add_argument("--adapter", action="append", default=[], type=_adapter, metavar="NAME=URI",
+                    help="declare one more adapter for every worker (repeatable): a URI "
+                         "(file://, s3://, hf://) or an absolute path; the demo model's "
+                         "pirate and robot are declared too")  # fmt: skip
+    up.add_argument("--engine-option", action="append", default=[], metavar="KEY=JSON",
+                    help="an engine option passed to each worker as --engine-option "
+                         "(repeatable; lorafleet worker --help lists them)")  # fmt: skip
     up.add_argument("--secure", action="store_true",
                     help="generate certificates, users and passwords under STATE_DIR/secure: "
                          "etcd with TLS and auth, NATS with authorization "
@@ -165,6 +172,19 @@ def _cluster_flags(parser: argparse.ArgumentParser, *, etcd: bool) -> None:
 
 def _default_state_dir() -> Path:
     return Path(os.environ.get("LORAFLEET_STATE_DIR") or ".lorafleet")
+
+
+def _adapter(value: str) -> tuple[str, str]:
+    """``NAME=URI`` (or ``NAME=/absolute/path``) as a name and a source URI."""
+    from lorafleet.proto.vllm_lora import lora_path_uri
+
+    name, sep, where = value.partition("=")
+    if not sep or not name or not where:
+        raise argparse.ArgumentTypeError(f"{value!r} must look like NAME=URI")
+    try:
+        return name, lora_path_uri(where)
+    except LorafleetError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
 
 
 def _replicas(value: str) -> int | str:
@@ -248,6 +268,7 @@ def _up(args: argparse.Namespace) -> int:
         engine=args.engine, model=args.model, served_model_name=args.served_model_name,
         workers=args.workers, http_port=args.http_port, system_port=args.system_port,
         namespace=args.namespace, state_dir=args.state_dir, secure=args.secure, host=args.host,
+        extra_adapters=dict(args.adapter), engine_options=tuple(args.engine_option),
     )  # fmt: skip
     return run_cluster(options)
 

@@ -4,8 +4,10 @@ Checks its HTTP ports first (a taken one stops it before anything starts),
 starts etcd and NATS from the pip-installed binaries (on other ports when 2379 or
 4222 are taken), a frontend and workers as child processes (their output
 prefixed by process name), confirms the workers answering are its own, records
-the endpoints in ``<state dir>/cluster.json`` for the other commands, loads the
-demo adapters through each worker's ``load_lora`` route and prints what to try.
+the endpoints in ``<state dir>/cluster.json`` for the other commands, declares
+its adapters (the demo's, and ``--adapter`` ones) in the fleet's desired state
+through the frontend's ``/v1/adapters`` with ``replicas: "all"``, as compose
+does, waits until every worker has them, and prints what to try.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+from urllib.parse import quote
 
 import httpx
 import msgspec
 
-from lorafleet.discovery.keys import DEFAULT_NAMESPACE
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.keys import DEFAULT_NAMESPACE, adapters_prefix
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.admin import instances
 from lorafleet.launch.cluster_state import ClusterState, remove_state, write_state
@@ -42,12 +46,15 @@ from lorafleet.launch.processes import (
     worker_argv,
 )
 from lorafleet.launch.secure_nats import NatsCredentials, nats_credentials, start_secure_nats
-from lorafleet.proto.adapters import LoadLoraRequest, LoraSource
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["ClusterOptions", "run_cluster"]
 
 READY_TIMEOUT_S: Final = 300.0
 CHILD_STOP_TIMEOUT_S: Final = 20.0
+PLACED_POLL_S: Final = 0.2
+"""How often ``up`` asks the frontend whether its adapters are on every worker yet."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +66,8 @@ class ClusterOptions:
         ClusterOptions()                                   # hf worker, demo model, port 8000
         ClusterOptions(engine="mocker", workers=2)
         ClusterOptions(engine="vllm", model="/models/llama", adapters={})
+        ClusterOptions(extra_adapters={"sql": "file:///adapters/sql"})   # the demo's and sql
+        ClusterOptions(engine_options=("enforce_eager=true",))          # each worker's option
         ClusterOptions(secure=True)                        # NATS with authorization
         ClusterOptions(host="0.0.0.0")                     # reachable from the network
     """
@@ -75,7 +84,12 @@ class ClusterOptions:
     namespace: str = DEFAULT_NAMESPACE
     state_dir: Path = Path(".lorafleet")
     adapters: dict[str, str] | None = None
-    """Adapters to load by name and URI; None means the demo's pirate and robot."""
+    """Adapters to declare by name and URI; None means the demo's pirate and robot (none
+    with ``model`` or the mocker engine)."""
+    extra_adapters: dict[str, str] = field(default_factory=dict)
+    """More adapters to declare beside ``adapters`` (``--adapter NAME=URI``)."""
+    engine_options: tuple[str, ...] = ()
+    """``KEY=JSON`` options passed to each worker as ``--engine-option`` (``--engine-option``)."""
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
     secure: bool = False
     """Generate certificates, users and passwords under ``state_dir/secure``: etcd with TLS
@@ -90,6 +104,7 @@ def run_cluster(options: ClusterOptions) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ExitStack() as stack:
         (etcd, etcd_settings, etcdctl_flags), nats, nats_env = _start_servers(options, stack)
+        stack.callback(_forget_desired_state, etcd_settings, options.namespace)
         env = {
             **etcd_settings.env(),
             "NATS_SERVER": nats.url,
@@ -112,7 +127,7 @@ def run_cluster(options: ClusterOptions) -> int:
         frontend, workers = children[0], children[1:]
         worker_urls = [worker.url for worker in workers]
         _record_state(options, stack, worker_urls, nats.url, etcd_settings)
-        _load_adapters(worker_urls, adapters)
+        _declare_adapters(frontend.url, options, adapters)
         _print_next_steps(options, frontend.url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
             while not stop.is_set() and all(c.process.poll() is None for c in children):
@@ -148,6 +163,12 @@ def _http_ports(options: ClusterOptions) -> dict[str, int]:
 
 
 def _model_and_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
+    """The model to serve and every adapter to declare (its own, then ``extra_adapters``)."""
+    model, adapters = _model_and_own_adapters(options)
+    return model, {**adapters, **options.extra_adapters}
+
+
+def _model_and_own_adapters(options: ClusterOptions) -> tuple[str, dict[str, str]]:
     if options.model is not None:
         return options.model, dict(options.adapters or {})
     if options.engine == "mocker":  # needs no weights: skip the demo model and its adapters
@@ -207,8 +228,10 @@ def _frontend_argv(options: ClusterOptions) -> list[str]:
 
 
 def _worker_argv(options: ClusterOptions, model: str, port: int) -> list[str]:
+    engine_options = [arg for option in options.engine_options
+                      for arg in ("--engine-option", option)]  # fmt: skip
     extra = ["--served-model-name", options.served_model_name, "--enable-lora",
-             "--advertise-host", "127.0.0.1", "--system-host", options.host,
+             "--advertise-host", "127.0.0.1", "--system-host", options.host, *engine_options,
              *options.extra_worker_args]  # fmt: skip
     return worker_argv(port=port, model=model, engine=options.engine, args=extra)
 
@@ -241,16 +264,57 @@ def _own_instances(worker_urls: list[str], etcd: EtcdSettings, namespace: str) -
     return ids
 
 
-def _load_adapters(worker_urls: list[str], adapters: dict[str, str]) -> None:
-    for url in worker_urls:
-        for name, uri in adapters.items():
-            request = LoadLoraRequest(lora_name=name, source=LoraSource(uri=uri))
-            response = httpx.post(
-                f"{url}/engine/update/load_lora", content=msgspec.json.encode(request),
-                headers={"Content-Type": "application/json"}, timeout=120,
-            )  # fmt: skip
-            if response.status_code != 200:
-                raise ClusterNotReadyError(f"loading {name} on {url} failed: {response.text}")
+def _declare_adapters(frontend_url: str, options: ClusterOptions, adapters: dict[str, str]) -> None:
+    """Declare each adapter for every worker (``replicas: "all"``), then wait until every
+    worker has it; a failed load ends ``up`` with the worker's error."""
+    token = os.environ.get("DYN_ADMIN_TOKEN")
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    for name, uri in adapters.items():
+        spec = AdapterSpec(name=name, base_model=options.served_model_name,
+                           source=LoraSource(uri=uri), replicas="all")  # fmt: skip
+        response = httpx.post(f"{frontend_url}/v1/adapters", content=msgspec.json.encode(spec),
+                              headers=headers, timeout=30)  # fmt: skip
+        if not response.is_success:
+            raise ClusterNotReadyError(f"declaring adapter {name} failed: {response.text}")
+    for name in adapters:
+        _wait_placed(frontend_url, name, options.workers)
+
+
+def _forget_desired_state(etcd: EtcdSettings, namespace: str) -> None:
+    """Delete the desired state once every child stopped: it has no lease, and ``up`` leaves
+    nothing in etcd (its next run starts a fresh etcd anyway)."""
+
+    async def forget() -> None:
+        client = await connect_etcd(etcd)
+        try:
+            await client.delete_prefix(adapters_prefix(namespace).encode())
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(forget())
+    except LorafleetError as exc:  # etcd already gone: its data dir is wiped on the next run
+        print(f"could not clear the desired adapters: {exc}", file=sys.stderr, flush=True)
+
+
+def _wait_placed(frontend_url: str, name: str, workers: int) -> None:
+    """Wait until ``workers`` instances have adapter ``name``; raise on its failed load."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    url = f"{frontend_url}/v1/adapters/{quote(name)}"
+    while time.monotonic() < deadline:
+        status = httpx.get(url, timeout=10).json()
+        if status.get("state") == "failed":
+            error = status["error"]
+            raise ClusterNotReadyError(
+                f"loading adapter {name} failed on instance {error['instance']}: "
+                f"{error['code']}: {error['message']}"
+            )
+        if len(status.get("instances", [])) >= workers:
+            return
+        time.sleep(PLACED_POLL_S)  # a CLI asking a frontend: no event to wait for
+    raise ClusterNotReadyError(f"adapter {name} was not on every worker after {READY_TIMEOUT_S} s")
 
 
 def _print_next_steps(

@@ -1,8 +1,10 @@
 """The fleet's adapters as a frontend's ``/v1/adapters`` shows them: a table, a wait, a line.
 
-``lorafleet lora list`` prints the table after the workers' own; ``lorafleet lora
-apply`` waits here until the adapter leaves ``pending``/``loading`` and prints
-where it ended. Reads only (no token needed); the states are in docs/fleet.md.
+``lorafleet lora list`` prints the table after the workers' own: every adapter,
+declared or loaded straight onto workers (``unmanaged``, ``evicted``), with its
+content digest; ``lorafleet lora apply`` waits here until the adapter leaves
+``pending``/``loading`` and prints where it ended. Reads only (no token needed);
+the states are in docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ POLL_INTERVAL_S: Final = 0.2
 """How often ``lora apply`` asks again while the adapter is pending or loading."""
 UNSETTLED: Final = frozenset({"pending", "loading"})
 READ_TIMEOUT_S: Final = 10.0
+DIGEST_HEX_SHOWN: Final = 12
+"""Hex digits of an adapter's digest in the table (``--json`` has all of them)."""
 
 
 def settled_status(frontend_url: str, status: dict[str, Any], wait_s: float) -> dict[str, Any]:
@@ -73,15 +77,30 @@ def print_fleet(frontend_url: str, *, as_json: bool) -> None:
     if not adapters:
         return
     print()
-    print_table(("ADAPTER", "STATE", "MIN", "MAX", "INSTANCES", "DEMAND/S", "ERROR"),
+    print_table(("ADAPTER", "STATE", "MIN", "MAX", "INSTANCES", "DEMAND/S", "DIGEST", "DETAIL"),
                 [_row(status) for status in adapters])  # fmt: skip
 
 
 def _row(status: dict[str, Any]) -> tuple[str, ...]:
-    error = status.get("error")
     return (
         status["name"], status.get("state", "-"), str(status.get("min_replicas")),
         str(status.get("max_replicas")), ",".join(status.get("instances", [])) or "-",
-        f"{status.get('demand', 0.0):g}",
-        f"{error['code']}: {error['message']}" if error else "-",
+        f"{status.get('demand', 0.0):g}", _short(status.get("digest", "")), _detail(status),
     )  # fmt: skip
+
+
+def _short(digest: str) -> str:
+    """``sha256:`` and the first ``DIGEST_HEX_SHOWN`` hex digits, as image digests are shown."""
+    scheme, _, hexdigits = digest.partition(":")
+    return f"{scheme}:{hexdigits[:DIGEST_HEX_SHOWN]}" if hexdigits else "-"
+
+
+def _detail(status: dict[str, Any]) -> str:
+    """The failed load's error, or when and why placement evicted an unmanaged adapter."""
+    error, evicted = status.get("error"), status.get("evicted")
+    if error:
+        return f"{error['code']}: {error['message']}"
+    if evicted:
+        why = f": {evicted['reason']}" if evicted.get("reason") else ""
+        return f"evicted from {evicted['instance']} at {evicted['at']}{why}"
+    return "-"

@@ -1,6 +1,7 @@
 """Every message that crosses a process boundary, as msgspec Structs; no I/O."""
 
 from lorafleet.proto.adapters import (
+    AdapterEviction,
     AdapterList,
     AdapterLoadError,
     AdapterSpec,
@@ -69,6 +70,7 @@ from lorafleet.proto.errors import (
     http_status,
 )
 from lorafleet.proto.fleet_load import (
+    EvictedAdapter,
     InstanceLoad,
     LoadFailure,
     decode_instance_load,
@@ -157,6 +159,7 @@ from lorafleet.proto.vllm_lora import (
     vllm_already_loaded,
     vllm_error,
     vllm_error_for_code,
+    vllm_loading_message,
     vllm_missing_load_fields,
     vllm_missing_unload_fields,
     vllm_not_found,
@@ -164,6 +167,7 @@ from lorafleet.proto.vllm_lora import (
 )
 
 __all__ = [
+    "AdapterEviction",
     "AdapterList",
     "AdapterLoadError",
     "AdapterSpec",
@@ -196,6 +200,7 @@ __all__ = [
     "ConflictError",
     "ErrorChunk",
     "ErrorInfo",
+    "EvictedAdapter",
     "FinalChunk",
     "FinishReason",
     "FrontendHealth",
@@ -300,6 +305,7 @@ __all__ = [
     "vllm_already_loaded",
     "vllm_error",
     "vllm_error_for_code",
+    "vllm_loading_message",
     "vllm_missing_load_fields",
     "vllm_missing_unload_fields",
     "vllm_not_found",

@@ -18,6 +18,7 @@ from lorafleet.proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
 from lorafleet.proto.uris import split_uri
 
 __all__ = [
+    "AdapterEviction",
     "AdapterList",
     "AdapterLoadError",
     "AdapterSpec",
@@ -48,8 +49,10 @@ Replicas = Annotated[
     msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
 ]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-AdapterState = Literal["placed", "loading", "failed", "pending", "cold"]
-"""Where a desired adapter stands (``docs/fleet.md``, "Adapter status")."""
+AdapterState = Literal["placed", "loading", "failed", "pending", "cold", "unmanaged", "evicted"]
+"""Where an adapter stands (``docs/fleet.md``, "Adapter status"): the first five for a
+desired one; ``unmanaged`` for one loaded straight onto workers (not in the desired state),
+``evicted`` for such an adapter that placement evicted (its source and digest are kept)."""
 
 
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
@@ -137,6 +140,17 @@ class AdapterLoadError(msgspec.Struct, kw_only=True, frozen=True):
     """When it is tried again (ISO 8601 UTC); None when only a request tries it again."""
 
 
+class AdapterEviction(msgspec.Struct, kw_only=True, frozen=True):
+    """When and where placement evicted an unmanaged adapter, as ``/v1/adapters`` shows it."""
+
+    at: str
+    """When, ISO 8601 UTC."""
+    instance: str
+    """Hex id of the instance it was evicted from."""
+    reason: str = ""
+    """Why, in the worker's words (e.g. the slot went to a desired adapter)."""
+
+
 class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
     """An adapter's desired state (URI redacted), its state, and where it is loaded now.
 
@@ -157,10 +171,17 @@ class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
     """Recent requests per second across the fleet (the workers' load records)."""
     error: AdapterLoadError | None = None
     """The last failed load while ``state`` is ``failed``."""
+    digest: str = ""
+    """The content digest (``sha256:<hex>``) of the weights its live instances hold, as
+    their cards say ("" while no card says one). Several while a swap is under way: the
+    first instance's."""
+    evicted: AdapterEviction | None = None
+    """While ``state`` is ``evicted``: when placement evicted it, where, and why."""
 
 
 class AdapterList(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer of ``GET /v1/adapters``: every desired adapter, sorted by name."""
+    """Answer of ``GET /v1/adapters``: every adapter the fleet serves or declares, sorted by
+    name (desired ones, then unmanaged ones loaded straight onto workers)."""
 
     data: list[AdapterStatus]
     object: Literal["list"] = "list"

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["InstanceLoad", "LoadFailure", "decode_instance_load", "encode_instance_load"]
+__all__ = [
+    "EvictedAdapter",
+    "InstanceLoad",
+    "LoadFailure",
+    "decode_instance_load",
+    "encode_instance_load",
+]
 
 
 class LoadFailure(msgspec.Struct, kw_only=True, frozen=True):
@@ -28,6 +34,21 @@ class LoadFailure(msgspec.Struct, kw_only=True, frozen=True):
     """Failed attempts in a row; the retry delay grows with it (``proto.backoff``)."""
     retry_at: float = 0.0
     """When placement tries again, seconds since the epoch (0: not retried)."""
+
+
+class EvictedAdapter(msgspec.Struct, kw_only=True, frozen=True):
+    """An unmanaged adapter (loaded straight onto this worker, not in the desired state) that
+    placement evicted here: what ``/v1/adapters`` shows, and what loads it back on demand."""
+
+    base_model: str
+    uri: str
+    """Its source URI as it was loaded (desired-state records hold URIs alike)."""
+    digest: str = ""
+    """The content digest of the weights that were evicted (``sha256:<hex>``)."""
+    at: float
+    """When it was evicted, seconds since the epoch."""
+    reason: str = ""
+    """Why, e.g. which desired adapter took its slot."""
 
 
 class InstanceLoad(msgspec.Struct, kw_only=True, frozen=True):
@@ -50,6 +71,9 @@ class InstanceLoad(msgspec.Struct, kw_only=True, frozen=True):
     last warm copy of one in use). Frontends send a cold load to the full instance whose
     ``evicts`` the fleet asks least for: the worker's own choice, not a guess from
     ``loaded``, which counts busy and placed adapters too."""
+    evicted: dict[str, EvictedAdapter] = msgspec.field(default_factory=dict)
+    """Unmanaged adapters placement evicted here, by name, until one is loaded again (the
+    worker fills it: ``docs/fleet.md``, "Unmanaged adapters")."""
     evicts_placed: bool = False
     """Whether ``evicts`` is a copy placement chose this instance for: evicting it costs a
     second load when placement puts it back, so frontends try other full instances first."""

@@ -361,6 +361,9 @@ class ModelObject(msgspec.Struct, kw_only=True, frozen=True):
     loaded: bool = True
     status: ModelStatus | None = None
     """lorafleet's: a desired adapter that no live instance has loaded says why (None otherwise)."""
+    digest: str | None = None
+    """lorafleet's: an adapter's content digest (``sha256:<hex>``) as its card says; None for
+    a base model, an adapter loaded nowhere, or a card from a worker without digests."""
     object: Literal["model"] = "model"
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "vllm_already_loaded",
     "vllm_error",
     "vllm_error_for_code",
+    "vllm_loading_message",
     "vllm_missing_load_fields",
     "vllm_missing_unload_fields",
     "vllm_not_found",
@@ -113,6 +114,14 @@ def vllm_not_found(name: str) -> VllmErrorResponse:
 def vllm_success_message(name: str, *, loaded: bool) -> str:
     """vLLM's plain-text 200 answer."""
     return f"Success: LoRA adapter '{name}' {'added' if loaded else 'removed'} successfully."
+
+
+def vllm_loading_message(name: str, waited_s: float) -> str:
+    """Our 202 answer (vLLM has none): declared, not loaded anywhere yet after the wait."""
+    return (
+        f"Accepted: LoRA adapter '{name}' is declared and still loading after {waited_s:g} s; "
+        f"GET /v1/adapters/{name} shows its state."
+    )
 
 
 def lora_path_uri(lora_path: str) -> str:

@@ -16,7 +16,8 @@ class TcpProxy:
     """Forwards 127.0.0.1:``port`` to ``target_port``.
 
     ``cut()`` drops every connection (the peer sees a reset); ``stall()`` keeps
-    them open but forwards nothing (a hung server, a half-open network).
+    them open but forwards nothing (a hung server, a half-open network);
+    ``delay(s)`` forwards every byte, in order, ``s`` late (a slow link: a watch behind).
     """
 
     def __init__(self, target_port: int) -> None:
@@ -26,6 +27,7 @@ class TcpProxy:
         self._links: set[asyncio.StreamWriter] = set()
         self.is_cut = False
         self.is_stalled = False
+        self.delay_s = 0.0
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -46,9 +48,14 @@ class TcpProxy:
         """Keep every connection open but forward no byte, until ``restore()``."""
         self.is_stalled = True
 
+    def delay(self, seconds: float) -> None:
+        """Forward every chunk ``seconds`` after it came, in order, until ``restore()``."""
+        self.delay_s = seconds
+
     def restore(self) -> None:
         self.is_cut = False
         self.is_stalled = False
+        self.delay_s = 0.0
 
     async def aclose(self) -> None:
         self.cut()
@@ -75,6 +82,8 @@ class TcpProxy:
                     break
                 if self.is_stalled:
                     continue
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()

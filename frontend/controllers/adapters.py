@@ -2,7 +2,8 @@
 
 Workers place what is written here among themselves; this controller only
 stores it and reports each adapter's state (``AdapterStates``: where it is
-loaded, what loads it, its last failure, its demand).
+loaded, what loads it, its last failure, its demand). Reads also show the
+adapters loaded straight onto workers (``unmanaged``).
 ``POST`` and ``DELETE`` need the ``DYN_ADMIN_TOKEN`` bearer token when one is set.
 """
 
@@ -38,7 +39,7 @@ WRITE_ERRORS: Final = {
     409: _error("The name is a base model's or an alias's name"),
     503: _error("etcd is unavailable"),
 }
-NOT_FOUND: Final = {404: _error("No such adapter in the desired state")}
+NOT_FOUND: Final = {404: _error("No such adapter in the desired state or on any instance")}
 
 
 def _check_against_served(spec: AdapterSpec, registry: ModelRegistry) -> list[str]:
@@ -83,15 +84,16 @@ class AdaptersController(Controller):
             services.adapters.status(spec, warnings), status_code=201 if changed else 200
         )
 
-    @get("/", operation_id="listAdapters", summary="List desired adapters and their state")
+    @get("/", operation_id="listAdapters", summary="List the fleet's adapters and their state")
     async def list_adapters(self, services: NamedDependency[Services]) -> AdapterList:
-        """Every desired adapter by name, with its state and the instances that have it."""
-        return AdapterList(data=[services.adapters.status(s) for s in services.desired.specs()])
+        """Every adapter by name, with its state and the instances that have it: the desired
+        ones, and those loaded straight onto workers (``unmanaged``, or ``evicted``)."""
+        return AdapterList(data=services.adapters.every())
 
     @get(
         "/{name:path}",
         operation_id="getAdapter",
-        summary="Describe one desired adapter",
+        summary="Describe one adapter, desired or unmanaged",
         responses=NOT_FOUND,
     )
     async def get_adapter(
@@ -99,8 +101,12 @@ class AdaptersController(Controller):
         name: FromPath[str],
         services: NamedDependency[Services],
     ) -> AdapterStatus:
-        """One desired adapter (names may contain ``/``)."""
-        return services.adapters.status(_desired_or_404(services.desired, name.lstrip("/")))
+        """One adapter (names may contain ``/``)."""
+        name = name.lstrip("/")
+        found = services.adapters.find(name)
+        if found is None:
+            raise _not_found(services.desired, name)
+        return found
 
     @delete(
         "/{name:path}",
@@ -118,6 +124,11 @@ class AdaptersController(Controller):
     ) -> AdapterStatus:
         """Delete the desired state of ``name``; answers what was deleted."""
         name = name.lstrip("/")
+        if services.desired.get(name) is None and services.adapters.find(name) is not None:
+            raise NotFoundError(
+                f"adapter {shorten(name)!r} is not in the desired state: it is loaded straight "
+                "onto instances (unmanaged); POST /v1/unload_lora_adapter removes it from them"
+            )
         spec = _desired_or_404(services.desired, name)
         if not await services.desired.delete(name):
             raise NotFoundError(f"adapter {shorten(name)!r} is not in the desired state")
@@ -127,8 +138,10 @@ class AdaptersController(Controller):
 def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
     spec = desired.get(name)
     if spec is None:
-        known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
-        raise NotFoundError(
-            f"adapter {shorten(name)!r} is not in the desired state; desired: {known}"
-        )
+        raise _not_found(desired, name)
     return spec
+
+
+def _not_found(desired: DesiredState, name: str) -> NotFoundError:
+    known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
+    return NotFoundError(f"adapter {shorten(name)!r} is not in the desired state; desired: {known}")

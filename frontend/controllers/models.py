@@ -37,13 +37,15 @@ _BODY_HEAD, _BODY_TAIL = _LIST_HEAD + b"[", b"]" + _LIST_TAIL
 
 def model_object(served: ServedModel) -> ModelObject:
     """OpenAI's model entry, with vLLM's ``root`` (no local path), ``parent`` and
-    ``max_model_len``."""
+    ``max_model_len``, and an adapter's ``digest``: every adapter a live instance serves,
+    declared or loaded straight onto a worker."""
     return ModelObject(
         id=served.name,
         created=served.created,
         root=served.root,
         parent=served.parent,
         max_model_len=served.card.context_length or None,
+        digest=served.card.digest or None,
     )
 
 

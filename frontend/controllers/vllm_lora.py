@@ -1,9 +1,13 @@
 """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, fleet-wide.
 
 A load declares the adapter in the desired state for every instance of its
-base model (``replicas: "all"``); an unload deletes the declaration, and
-workers unload their copies once idle. Bodies and answers are vLLM's
-(``proto.vllm_lora``); the bearer token is ``DYN_ADMIN_TOKEN``, as for
+base model (``replicas: "all"``) and answers as vLLM does: 200 once a live
+instance has it loaded, or the error that stopped it (the desired state is then
+put back); 202 when it is still loading after the on-demand timeout. Statically
+wrong input answers 4xx at once (``source_check``). An unload removes a declared
+adapter from the desired state, and an unmanaged one (loaded straight onto
+workers) from every instance that holds it (``lora_writes``). Bodies and answers
+are vLLM's (``proto.vllm_lora``); the bearer token is ``DYN_ADMIN_TOKEN``, as for
 ``/v1/adapters``.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import msgspec
 from litestar import Controller, Response
 from litestar.di import NamedDependency
 from litestar.enums import MediaType
@@ -21,6 +26,7 @@ from lorafleet.frontend.admin_auth import admin_post
 from lorafleet.frontend.controllers.adapters import WRITE_ERRORS
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.services import Services
+from lorafleet.frontend.source_check import check_source
 from lorafleet.proto.adapters import AdapterSpec, LoraSource, validate_adapter_spec
 from lorafleet.proto.errors import InvalidRequestError, LorafleetError
 from lorafleet.proto.vllm_lora import (
@@ -30,6 +36,7 @@ from lorafleet.proto.vllm_lora import (
     lora_path_uri,
     vllm_already_loaded,
     vllm_error_for_code,
+    vllm_loading_message,
     vllm_missing_load_fields,
     vllm_missing_unload_fields,
     vllm_not_found,
@@ -44,14 +51,16 @@ def _vllm(description: str) -> ResponseSpec:
 
 
 LOAD_ERRORS: Final = {
+    202: ResponseSpec(data_container=str, description="Declared, still loading after the wait"),
     400: _vllm("Fields missing, already loaded (without load_inplace), or a bad name or path"),
     401: WRITE_ERRORS[401],
+    404: _vllm("The source does not exist on the workers (the desired state is put back)"),
     503: _vllm("etcd is unavailable"),
 }
 UNLOAD_ERRORS: Final = {
     400: _vllm("lora_name missing"),
     401: WRITE_ERRORS[401],
-    404: _vllm("The adapter is not in the desired state"),
+    404: _vllm("No adapter of that name is declared or loaded"),
     503: _vllm("etcd is unavailable"),
 }
 
@@ -60,8 +69,32 @@ def _error(body: VllmErrorResponse) -> Response[Any]:
     return Response(body, status_code=body.error.code, media_type=MediaType.JSON)
 
 
-def _text(message: str) -> Response[Any]:
-    return Response(message, status_code=200, media_type=MediaType.TEXT)
+def _text(message: str, status_code: int = 200) -> Response[Any]:
+    return Response(message, status_code=status_code, media_type=MediaType.TEXT)
+
+
+def _loaded(
+    name: str, source: LoraSource, declared: AdapterSpec | None, registry: ModelRegistry
+) -> bool:
+    """vLLM's "already loaded": a live instance serves ``name``, or it is declared from another
+    source (a declared adapter not loaded yet, from this source, is loaded: a retry after a
+    202 waits again rather than hearing that it worked)."""
+    served = registry.get(name)
+    if served is not None and served.parent is not None:
+        return True
+    return declared is not None and declared.source != source
+
+
+def _max_rank(base_model: str, registry: ModelRegistry) -> int:
+    """The lowest rank limit the base model's instances publish (0: none says one)."""
+    base = registry.get(base_model)
+    ranks = [
+        card.max_lora_rank
+        for instance in (base.instances if base is not None else ())
+        if (card := registry.card_on(base_model, instance.instance_id)) is not None
+        and card.max_lora_rank > 0
+    ]
+    return min(ranks, default=0)
 
 
 def _base_model(body: LoadLoraAdapterRequest, registry: ModelRegistry) -> str:
@@ -87,7 +120,8 @@ class VllmLoraController(Controller):
     @admin_post(
         "/load_lora_adapter",
         operation_id="vllmLoadLoraAdapter",
-        summary="vLLM's load: declare the adapter for every instance of its base model",
+        summary="vLLM's load: declare the adapter for every instance of its base model, "
+        "answered once one has loaded it",
         status_code=200,
         responses=LOAD_ERRORS,
     )
@@ -96,35 +130,48 @@ class VllmLoraController(Controller):
         data: JSONBody[LoadLoraAdapterRequest],
         services: NamedDependency[Services],
     ) -> Response[Any]:
-        """Store ``{"lora_name", "lora_path"}`` as desired state with ``replicas: "all"``."""
+        """Store ``{"lora_name", "lora_path"}`` as desired state with ``replicas: "all"`` and
+        wait until a live instance has it (200), it failed everywhere (its error), or the
+        wait ends (202)."""
         if not data.lora_name or not data.lora_path:
             return _error(vllm_missing_load_fields())
-        if services.desired.get(data.lora_name) is not None and not data.load_inplace:
-            return _error(vllm_already_loaded(data.lora_name))
+        name, registry = data.lora_name, services.registry
         try:
             source = LoraSource(uri=lora_path_uri(data.lora_path))
-            base = _base_model(data, services.registry)
-            spec = AdapterSpec(name=data.lora_name, base_model=base, source=source, replicas="all")
-            await services.desired.apply(validate_adapter_spec(spec))
+            declared = services.desired.get(name)
+            if not data.load_inplace and _loaded(name, source, declared, registry):
+                return _error(vllm_already_loaded(name))
+            if declared is not None:  # a new source (load_inplace), the rest as declared
+                spec = msgspec.structs.replace(declared, source=source)
+            else:
+                base = _base_model(data, registry)
+                spec = AdapterSpec(name=name, base_model=base, source=source, replicas="all")
+            validate_adapter_spec(spec)
+            check_source(name, source.uri, max_rank=_max_rank(spec.base_model, registry))
+            outcome = await services.writes.load(spec)
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))
-        return _text(vllm_success_message(data.lora_name, loaded=True))
+        if outcome == "loading":
+            return _text(vllm_loading_message(name, services.writes.timeout_s), status_code=202)
+        return _text(vllm_success_message(name, loaded=True))
 
     @admin_post(
         "/unload_lora_adapter",
         operation_id="vllmUnloadLoraAdapter",
-        summary="vLLM's unload: remove the adapter from the desired state",
+        summary="vLLM's unload: remove the adapter from the desired state, or an unmanaged one "
+        "from every instance",
         status_code=200,
         responses=UNLOAD_ERRORS,
     )
     async def unload(
         self, data: JSONBody[UnloadLoraAdapterRequest], services: NamedDependency[Services]
     ) -> Response[Any]:
-        """Delete the desired state of ``lora_name``; 404 in vLLM's words when there is none."""
+        """Delete the desired state of ``lora_name``, or unload it from the instances holding
+        it when it is unmanaged; 404 in vLLM's words when the fleet has no such adapter."""
         if not data.lora_name:
             return _error(vllm_missing_unload_fields())
         try:
-            deleted = await services.desired.delete(data.lora_name)
+            deleted = await services.writes.unload(data.lora_name)
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))
         if not deleted:

@@ -55,3 +55,17 @@ def test_the_view_keeps_model_types_and_whether_the_instance_loads_adapters() ->
     view = CardView.of(card)
     assert (view.model_type, view.enable_lora) == (("chat",), True)
     assert CardView.of(ModelDeploymentCard(display_name="x", slug="x")).enable_lora is False
+
+
+def test_an_adapters_digest_shows_in_its_models_entry_and_a_base_keeps_its_rank_limit() -> None:
+    lora = LoraInfo(name="pirate", lora_id=7, base_model="demo", digest="sha256:ab12")
+    card = ModelDeploymentCard(display_name="pirate", slug="pirate_x", lora=lora)
+    view = decode_card_view(encode_record(card))
+    entry = model_object(ServedModel(name="pirate", card=view, instances=(INSTANCE,)))
+    assert (view.digest, entry.digest) == ("sha256:ab12", "sha256:ab12")
+    base = ModelDeploymentCard(display_name="demo", slug="demo",
+                               runtime_config=RuntimeConfig(max_lora_rank=16))  # fmt: skip
+    base_view = CardView.of(base)
+    assert (base_view.max_lora_rank, base_view.digest) == (16, "")
+    base_entry = model_object(ServedModel(name="demo", card=base_view, instances=(INSTANCE,)))
+    assert base_entry.digest is None

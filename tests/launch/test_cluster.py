@@ -74,6 +74,9 @@ async def test_up_prints_working_lines_and_ctrl_c_leaves_no_process_and_no_key(
     assert any(EXPECTED["pirate"] in output for output in outputs)
     assert any(EXPECTED["robot"] in output for output in outputs)
     assert any('"display_name": "pirate"' in output for output in outputs)  # the etcdctl line
+    fleet = [line.split() for output in outputs for line in output.splitlines()]
+    assert ["pirate", "placed", "all", "all"] in [row[:4] for row in fleet]  # lora list: declared
+    assert ["robot", "placed", "all", "all"] in [row[:4] for row in fleet]
     assert not _processes_mentioning(
         str(tmp_path), f"--http-port {http_port}", f"--system-port {system_port}"
     )

@@ -7,6 +7,7 @@ Real processes throughout: a port holder, ``lorafleet up`` with the mocker engin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,11 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
+from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.keys import adapters_prefix
 from lorafleet.launch.local_servers import free_port
 from lorafleet.launch.ports import is_free
+from lorafleet.proto.adapters import AdapterSpec, decode_adapter_spec
 from tests.launch.test_cluster import STOP_WAIT_S, drain
+from tests.worker.adapters import make_adapter_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -73,11 +79,12 @@ def test_up_with_its_http_port_taken_exits_1_naming_the_port_and_starts_nothing(
 
 
 @contextmanager
-def _running_up(cwd: Path) -> Iterator[tuple[int, int]]:
-    """``lorafleet up --engine mocker`` in ``cwd`` until ready; Ctrl-C when the block ends."""
+def _running_up(cwd: Path, *flags: str) -> Iterator[tuple[int, int]]:
+    """``lorafleet up --engine mocker [flags]`` in ``cwd`` until ready; Ctrl-C when the block
+    ends."""
     http_port, system_port = free_port(), free_port()
     argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
-            "--system-port", str(system_port)]  # fmt: skip
+            "--system-port", str(system_port), *flags]  # fmt: skip
     up = subprocess.Popen(argv, cwd=cwd, env=_user_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
@@ -153,3 +160,44 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_no_process(tmp_path: 
 def _processes_mentioning(*needles: str) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
     return [line for line in ps.splitlines() if any(needle in line for needle in needles)]
+
+
+def test_up_declares_its_adapters_in_the_desired_state_and_passes_engine_options(
+    tmp_path: Path,
+) -> None:
+    sql = make_adapter_dir(tmp_path / "adapters", "sql")
+    flags = ("--adapter", f"sql={sql}", "--engine-option", "output_tokens=3")
+    with _running_up(tmp_path, *flags) as (http_port, _system_port):
+        state = json.loads((tmp_path / ".lorafleet" / "cluster.json").read_text())
+        declared = asyncio.run(_desired(state["etcd_env"]["ETCD_ENDPOINTS"], state["namespace"]))
+        frontend = f"http://127.0.0.1:{http_port}"
+        adapter = httpx.get(f"{frontend}/v1/adapters/sql", timeout=10).json()
+        body = {"model": "sql", "prompt": "hi", "max_tokens": 10}
+        answer = httpx.post(f"{frontend}/v1/completions", json=body, timeout=30).json()
+    assert [(spec.name, spec.replicas, spec.source.uri) for spec in declared] == [
+        ("sql", "all", f"file://{sql}")
+    ]
+    assert (adapter["state"], adapter["instances"]) == ("placed", state["instance_ids"])
+    assert answer["usage"]["completion_tokens"] == 3  # the worker got --engine-option
+
+
+async def _desired(etcd_url: str, namespace: str) -> list[AdapterSpec]:
+    """The desired state in etcd, as a worker's placement reads it."""
+    etcd = await connect_etcd(etcd_url)
+    try:
+        return [decode_adapter_spec(kv.value) for kv in await etcd.get_prefix(
+            adapters_prefix(namespace).encode())]  # fmt: skip
+    finally:
+        await etcd.close()
+
+
+def test_up_with_an_adapter_no_worker_can_load_exits_1_with_the_workers_error(
+    tmp_path: Path,
+) -> None:
+    argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(free_port()),
+            "--system-port", str(free_port()), "--adapter", "ghost=/no/such/adapter"]  # fmt: skip
+    result = subprocess.run(argv, cwd=tmp_path, env=_user_env(), capture_output=True,
+                            text=True, timeout=240)  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "loading adapter ghost failed on instance" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr

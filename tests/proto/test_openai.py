@@ -70,7 +70,7 @@ def test_model_list_has_openai_and_vllm_fields() -> None:
         "object": "list",
         "data": [{"id": "pirate", "object": "model", "created": 1, "owned_by": "lorafleet",
                   "root": "file:///p", "parent": "demo", "max_model_len": None, "loaded": True,
-                  "status": None}],
+                  "status": None, "digest": None}],
     }  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from typing import Final, TypeVar
 import msgspec
 import structlog
 
+from lorafleet.fleet.adapter_files import check_adapter_rank
 from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
     InvalidRequestError,
@@ -51,7 +52,6 @@ from lorafleet.worker.engines._hf_batch import BASE_ADAPTER, DecodeBatch, Row, R
 from lorafleet.worker.engines._hf_model import ModelHost
 from lorafleet.worker.engines._hf_request import InFlight, check_sampling, prompt_ids
 from lorafleet.worker.engines._hf_text import TextStream
-from lorafleet.worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["EngineState", "HFEngine"]
 

@@ -30,6 +30,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
+from lorafleet.fleet.adapter_files import check_adapter_rank
 from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
     InvalidRequestError,
@@ -49,7 +50,6 @@ from lorafleet.worker.engines._vllm_settings import (
     sampling_kwargs,
     token_logprobs,
 )
-from lorafleet.worker.lora.adapter_files import check_adapter_rank
 
 __all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
 

@@ -25,8 +25,8 @@ from typing import Final
 
 import structlog
 
+from lorafleet.fleet.adapter_files import adapter_problem
 from lorafleet.worker.lora._owner import owner_alive, owner_tag
-from lorafleet.worker.lora.adapter_files import adapter_problem
 
 __all__ = ["AdapterCache"]
 

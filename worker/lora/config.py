@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from lorafleet.fleet.adapter_files import ALLOW_PICKLE_VARIABLE
 from lorafleet.proto.uris import is_scheme_name
-from lorafleet.worker.lora.adapter_files import ALLOW_PICKLE_VARIABLE
 from lorafleet.worker.lora.errors import LoraConfigError
 from lorafleet.worker.lora.source import LoRASource
 

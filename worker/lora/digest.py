@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Final
 
-from lorafleet.worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from lorafleet.fleet.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 __all__ = ["DIGEST_PREFIX", "content_digest"]
 

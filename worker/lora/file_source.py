@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from lorafleet.worker.lora.adapter_files import ADAPTER_CONFIG, adapter_problem
+from lorafleet.fleet.adapter_files import ADAPTER_CONFIG, adapter_problem
 from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,
     LoraInvalidUriError,

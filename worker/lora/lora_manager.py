@@ -18,12 +18,12 @@ from typing import Any, Final
 
 import structlog
 
+from lorafleet.fleet.adapter_files import adapter_bytes, adapter_problem, pickle_problem
 from lorafleet.proto.errors import LorafleetError, error_body
 from lorafleet.proto.uris import is_scheme_name
 from lorafleet.worker import metrics
 from lorafleet.worker.lora._failures import combine_failures
 from lorafleet.worker.lora._redact import redact_uri
-from lorafleet.worker.lora.adapter_files import adapter_bytes, adapter_problem, pickle_problem
 from lorafleet.worker.lora.cache import AdapterCache
 from lorafleet.worker.lora.config import LoRAManagerConfig, load_source
 from lorafleet.worker.lora.custom_source import CustomSource

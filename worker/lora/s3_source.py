@@ -17,8 +17,8 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
+from lorafleet.fleet.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lorafleet.proto.uris import split_uri
-from lorafleet.worker.lora.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lorafleet.worker.lora.archive import extract_archive, is_archive_name, safe_join
 from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from lorafleet.fleet.adapter_files import adapter_problem, check_adapter_rank
 from lorafleet.proto.errors import InvalidRequestError
-from lorafleet.worker.lora.adapter_files import adapter_problem, check_adapter_rank
 
 
 def test_complete_adapter_passes(tmp_path: Path, make_adapter: Callable[..., Path]) -> None:
