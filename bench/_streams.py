@@ -19,7 +19,14 @@ import msgspec
 from bench._http import HttpConnection, build_request, http_once
 from bench._load import Call, Outcome, Session
 
-__all__ = ["Answer", "StreamChecks", "checked_stream_session", "migrations", "unmigrated_answer"]
+__all__ = [
+    "Answer",
+    "StreamChecks",
+    "checked_stream_session",
+    "migrations",
+    "stream_answer",
+    "unmigrated_answer",
+]
 
 _DONE: Final = b"data: [DONE]"
 _MIGRATIONS: Final = re.compile(
@@ -74,7 +81,7 @@ def checked_stream_session(
         async def call() -> Outcome:
             response = await connection.request(raw, watch_tokens=True)
             checks.streams += 1
-            answer = _answer(response.body) if response.status == 200 else None
+            answer = stream_answer(response.body) if response.status == 200 else None
             if answer is None:
                 checks.failed += 1
                 return Outcome(False)
@@ -90,7 +97,7 @@ def checked_stream_session(
     return open_session
 
 
-def _answer(body: bytes) -> Answer | None:
+def stream_answer(body: bytes) -> Answer | None:
     """The text and usage of a complete stream; None when it ended early or with an error."""
     lines = [line for line in body.split(b"\n") if line.startswith(b"data: ")]
     if not lines or lines[-1] != _DONE:

@@ -70,6 +70,7 @@ async def run(isolate: str) -> dict[str, Any]:
         "startup_s": round(engine.startup_s or 0.0, 1),
         "adapter_load_s": load_s,
         "isolate_base_rows": engine.isolates_base_rows,
+        "mask_base_rows": engine.masks_base_rows,
         "tokens_per_s": {
             "base_1": await _tokens_per_s(engine, [DEMO_MODEL_NAME]),
             "pirate_1": await _tokens_per_s(engine, ["pirate"]),

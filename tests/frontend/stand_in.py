@@ -7,7 +7,11 @@ answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
 paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
 subscriber that answers nothing at all. Its base card says LoRA management is
 on unless ``enable_lora=False``; with ``gathers=False`` it streams whole answers
-token by token, as workers from before ``GenerateRequest.whole`` do. With ``answer_loads`` it serves
+token by token, as workers from before ``GenerateRequest.whole`` do. With
+``final_on_ping`` the engine holds each answer's final chunk until the frontend pings
+about that request, and the endpoint answers that ping only once the request has
+ended: the 404 pong of a slow engine whose final chunk crossed the frontend's ping,
+made exact. With ``answer_loads`` it serves
 ``update/load_lora`` by publishing the adapter's card (``lose_first_card``: not
 the first time, as if evicted before anyone saw it; ``only_placed_copies``: after
 429 ``capacity`` to a load that keeps placed copies); otherwise it never
@@ -18,6 +22,7 @@ end-to-end tests.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import os
@@ -35,7 +40,15 @@ from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.proto.adapters import LoadLoraRequest, LoraResponse
 from lorafleet.proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
 from lorafleet.proto.errors import CapacityError, ErrorInfo, UnavailableError, error_from_info
-from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk, UpdateReply, Usage
+from lorafleet.proto.inference import (
+    FinalChunk,
+    GenerateRequest,
+    PingRequest,
+    TokenChunk,
+    UpdateReply,
+    Usage,
+    decode_instance_message,
+)
 from lorafleet.proto.naming import lora_id, lora_slug
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import EngineConfig, EngineRoute, LLMEngine, ModelEndpoint
@@ -69,6 +82,11 @@ class ScriptedEngine(LLMEngine):
         self.only_placed_copies = False
         self.load_asks: list[bool] = []
         """``evict_placed`` of every load asked for, refused ones included."""
+        self.final_on_ping = False
+        self.pinged: collections.defaultdict[str, asyncio.Event] = collections.defaultdict(
+            asyncio.Event
+        )
+        """Per request id: the frontend pinged this instance about it."""
         self._endpoint: ModelEndpoint | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
@@ -84,6 +102,8 @@ class ScriptedEngine(LLMEngine):
         except asyncio.CancelledError:
             self.cancelled.append(request.request_id)
             raise
+        if self.final_on_ping:
+            await self.pinged[request.request_id].wait()
         prompt = request.prompt or " ".join(m.content for m in request.messages or [])
         usage = Usage(prompt_tokens=len(prompt.split()), completion_tokens=count)
         yield FinalChunk(finish_reason="length", usage=usage)
@@ -136,6 +156,7 @@ class StandInWorker:
         only_placed_copies: bool = False,
         enable_lora: bool = True,
         gathers: bool = True,
+        final_on_ping: bool = False,
     ) -> None:
         self.nats_url = nats_url
         self.etcd = etcd
@@ -151,6 +172,7 @@ class StandInWorker:
         self.engine = ScriptedEngine(config, error=error, token_delay_s=token_delay_s)
         self.engine.lose_first_card = lose_first_card
         self.engine.only_placed_copies = only_placed_copies
+        self.engine.final_on_ping = final_on_ping
         self.registry = EngineRegistry()
         self.updates: list[str] = []
         self._stopped = asyncio.Event()
@@ -178,8 +200,11 @@ class StandInWorker:
                                   endpoint=ENDPOINT, instance_id=self.instance_id)  # fmt: skip
         self.subject = address.subject
         self.nc = await nats.connect(self.nats_url)
-        endpoint = Endpoint if self.gathers else _StreamingEndpoint
-        self.endpoint = endpoint(self.nc, self.lease, address)
+        if self.engine.final_on_ping:
+            self.endpoint = _LatePongEndpoint(self.nc, self.lease, address)
+        else:
+            endpoint = Endpoint if self.gathers else _StreamingEndpoint
+            self.endpoint = endpoint(self.nc, self.lease, address)
         if self.behaviour is Behaviour.MUTE:
             await self.nc.subscribe(self.subject, cb=_ignore)
             await self.nc.flush()
@@ -234,6 +259,21 @@ class _StreamingEndpoint(Endpoint):
 
     def _start_generate(self, request: GenerateRequest, reply: str) -> None:
         super()._start_generate(msgspec.structs.replace(request, whole=False), reply)
+
+
+class _LatePongEndpoint(Endpoint):
+    """An endpoint that answers a ping about a running request only after letting that
+    request finish: its final chunk goes out first, then the pong says 404 (not running)."""
+
+    async def _on_message(self, msg: Msg) -> None:
+        message = decode_instance_message(msg.data)
+        if isinstance(message, PingRequest) and (task := self._inflight.get(message.request_id)):
+            assert isinstance(self.engine, ScriptedEngine)
+            self.engine.pinged[message.request_id].set()
+            await asyncio.wait({task})
+            while message.request_id in self._inflight:  # its done callback forgets it
+                await asyncio.sleep(0)
+        await super()._on_message(msg)
 
 
 async def _ignore(_: Msg) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import json
 
 import httpx
+import openai
 import pytest
 
 from lorafleet.discovery.settings import EtcdSettings
@@ -227,6 +228,29 @@ async def test_a_whole_answer_slower_than_the_stall_timeout_comes_whole_and_once
     content = response.json()["choices"][0]["message"]["content"]
     assert content == " ".join(f"tok{i}" for i in range(8))
     assert len(worker.generated) == 1  # the silent worker answered the pings: no retry
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_whose_final_chunk_crosses_the_ping_is_served_not_503(
+    frontend, workers, nats_url, etcd, namespace, stream
+) -> None:
+    # The engine is silent past the stall timeout, so the frontend pings about the request;
+    # the final chunk goes out just before the worker answers that ping with 404 (the request
+    # has just ended). The answer had arrived: the client gets it, not "No live instance".
+    worker = await _start(workers, nats_url, etcd, namespace, final_on_ping=True)
+    await wait_for_models(frontend, {"demo"})
+    client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
+    async with client:
+        request = {"model": "demo", "messages": [{"role": "user", "content": "say hi"}]}
+        if stream:
+            chunks = await client.chat.completions.create(**request, max_tokens=3, stream=True)
+            parts = [c.choices[0].delta.content or "" async for c in chunks if c.choices]
+            text = "".join(parts)
+        else:
+            answer = await client.chat.completions.create(**request, max_tokens=3)
+            text = answer.choices[0].message.content or ""
+    assert text == "tok0 tok1 tok2"
+    assert len(worker.generated) == 1  # served once, not retried elsewhere
 
 
 async def test_stream_carries_role_tokens_finish_and_usage(

@@ -9,19 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from lorafleet.proto.errors import InvalidRequestError
 from lorafleet.proto.inference import FinishReason, SamplingParams, TokenLogprob, TopLogprob
 from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engines._vllm_base_rows import ISOLATE_OPTION, MASK_OPTION
 
 __all__ = [
-    "ISOLATE_OPTION",
-    "IsolationMode",
     "VLLM_LORA_RANKS",
     "engine_kwargs",
     "finish_reason",
-    "isolation_mode",
     "model_max_len",
     "sampling_kwargs",
     "token_logprobs",
@@ -30,17 +28,13 @@ __all__ = [
 
 VLLM_LORA_RANKS: Final = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM accepts for ``max_lora_rank``; others are rounded up."""
-ISOLATE_OPTION: Final = "isolate_base_rows"
-"""Option: ``"auto"`` (only on CPU), ``True`` or ``False``; see ``worker.engines.vllm``."""
-_OWN_OPTIONS: Final = frozenset({ISOLATE_OPTION})
+_OWN_OPTIONS: Final = frozenset({ISOLATE_OPTION, MASK_OPTION})
 _FINISH_REASONS: Final[Mapping[str, FinishReason]] = {
     "stop": "stop",
     "length": "length",
     "abort": "cancelled",
     "error": "error",
 }
-
-IsolationMode = Literal["auto", "on", "off"]
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -50,18 +44,6 @@ def vllm_lora_rank(rank: int) -> int:
             return allowed
     largest = VLLM_LORA_RANKS[-1]
     raise InvalidRequestError(f"max_lora_rank {rank} exceeds vLLM's largest ({largest})")
-
-
-def isolation_mode(options: Mapping[str, Any]) -> IsolationMode:
-    """Read the ``isolate_base_rows`` option: ``"auto"`` unless set to a boolean."""
-    value = options.get(ISOLATE_OPTION, "auto")
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    raise InvalidRequestError(
-        f"option {ISOLATE_OPTION} must be 'auto', true or false, got {value!r}"
-    )
 
 
 def model_max_len(model: str) -> int | None:

@@ -9,10 +9,11 @@ Base rows next to adapter rows on CPU: vLLM's CPU LoRA kernels (the PyTorch
 base-model row's slot is -1, which PyTorch indexing reads as the *last* slot; so
 a base request batched with adapter requests is answered through whatever
 adapter sits in the last slot (vllm-project/vllm issues 48421 and 49656). The
-GPU kernels skip -1 rows. With the option ``isolate_base_rows`` (``"auto"``: on
-for CPU only) a :class:`BatchGroupGate` never lets base and adapter requests run
-at the same time: adapter requests still batch together, base requests too, and
-the two groups take turns, first come first served.
+GPU kernels skip -1 rows. On CPU, for a vLLM release whose ops were checked, the
+engine masks those rows inside vLLM's worker process (``_vllm_cpu_masking``,
+option ``mask_base_rows``); for any other release a :class:`BatchGroupGate`
+(option ``isolate_base_rows``) never lets base and adapter requests run at the
+same time. ``_vllm_base_rows`` decides which.
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines._adapter_table import AdapterTable
 from lorafleet.worker.engines._batch_groups import BatchGroupGate
+from lorafleet.worker.engines._vllm_base_rows import (
+    MASKING_EXTENSION,
+    base_rows_plan,
+)
 from lorafleet.worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
-    isolation_mode,
     sampling_kwargs,
     token_logprobs,
 )
@@ -67,6 +71,14 @@ def _is_client_error(exc: BaseException) -> bool:
     """Whether vLLM blames the request rather than itself, across vLLM versions."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     return isinstance(exc, ValueError | TypeError) or "VLLMClientError" in names
+
+
+def _vllm_platform() -> tuple[bool, str]:
+    """Whether vLLM runs on its CPU platform here, and its release (imports vLLM: seconds)."""
+    from vllm import __version__
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu()), str(__version__)
 
 
 def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any]) -> None:
@@ -102,10 +114,11 @@ class VLLMEngine(AdapterEngine):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self._kwargs = engine_kwargs(config)
-        self._isolation = isolation_mode(config.options)
         self._llm: Any = None
         self._tokenizer: Any = None
         self._gate: BatchGroupGate | None = None
+        self.masks_base_rows = False
+        """Whether vLLM's CPU LoRA ops give base rows no adapter delta (the patch holds)."""
         self._table: AdapterTable[Any] = AdapterTable()
         self._table_lock = asyncio.Lock()
         self._ids = itertools.count()
@@ -115,26 +128,33 @@ class VLLMEngine(AdapterEngine):
     async def start(self) -> None:
         """Start vLLM (in a thread: importing and spawning its processes takes seconds)."""
         started = time.monotonic()
+        cpu, version = await asyncio.to_thread(_vllm_platform)
+        plan = base_rows_plan(self.config.options, lora=self.config.enable_lora, cpu=cpu,
+                              vllm_version=version)  # fmt: skip
+        kwargs = self._kwargs | ({"worker_extension_cls": MASKING_EXTENSION} if plan.mask else {})
         built: list[Any] = []
         try:
-            await asyncio.to_thread(_build_vllm_engine, self._kwargs, built)
+            await asyncio.to_thread(_build_vllm_engine, kwargs, built)
         except Exception as exc:
             raise UpstreamError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
         self._llm = built.pop()
         tokenizer = self._llm.get_tokenizer()
         self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
-        if self._isolates_base_rows():
+        self.masks_base_rows = plan.mask and await self._masking_holds()
+        if plan.gate or (plan.mask and not self.masks_base_rows):
             self._gate = BatchGroupGate()
         self.startup_s = time.monotonic() - started
         log.info("vllm.started", model=self.config.model, startup_s=round(self.startup_s, 2),
+                 vllm=version, mask_base_rows=self.masks_base_rows,
                  isolate_base_rows=self.isolates_base_rows)  # fmt: skip
 
-    def _isolates_base_rows(self) -> bool:
-        if self._isolation != "auto":
-            return self._isolation == "on"
-        from vllm.platforms import current_platform
-
-        return bool(self.config.enable_lora and current_platform.is_cpu())
+    async def _masking_holds(self) -> bool:
+        """Whether every vLLM worker process runs the masked CPU LoRA ops, everywhere."""
+        unmasked = await self._llm.collective_rpc("lorafleet_unmasked_modules")
+        if any(unmasked):
+            log.error("vllm.base_rows_unmasked", modules=unmasked,
+                      fallback="isolate_base_rows")  # fmt: skip
+        return not any(unmasked)
 
     @property
     def isolates_base_rows(self) -> bool:

@@ -14,7 +14,6 @@ from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
-    isolation_mode,
     sampling_kwargs,
     token_logprobs,
     vllm_lora_rank,
@@ -33,12 +32,13 @@ def test_without_lora_no_lora_settings_reach_vllm() -> None:
 
 
 def test_options_pass_through_and_override_except_lorafleets_own() -> None:
-    options = {"enforce_eager": True, "max_model_len": 128, "isolate_base_rows": False}
+    options = {"enforce_eager": True, "max_model_len": 128, "isolate_base_rows": False,
+               "mask_base_rows": True}  # fmt: skip
     kwargs = engine_kwargs(EngineConfig(model="m", served_model_name="chat", options=options))
     assert kwargs["enforce_eager"] is True
     assert kwargs["max_model_len"] == 128
     assert kwargs["served_model_name"] == "chat"
-    assert "isolate_base_rows" not in kwargs
+    assert "isolate_base_rows" not in kwargs and "mask_base_rows" not in kwargs
 
 
 def test_context_length_is_capped_at_what_a_local_model_allows(tmp_path: Path) -> None:
@@ -56,19 +56,6 @@ def test_lora_rank_rounds_up_to_one_vllm_accepts(asked: int, given: int) -> None
 def test_lora_rank_beyond_vllms_largest_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="1024"):
         vllm_lora_rank(1024)
-
-
-@pytest.mark.parametrize(
-    ("value", "mode"), [(None, "auto"), ("auto", "auto"), (True, "on"), (False, "off")]
-)
-def test_isolation_option_reads_auto_or_a_boolean(value: object, mode: str) -> None:
-    options = {} if value is None else {"isolate_base_rows": value}
-    assert isolation_mode(options) == mode
-
-
-def test_isolation_option_rejects_anything_else() -> None:
-    with pytest.raises(InvalidRequestError, match="isolate_base_rows"):
-        isolation_mode({"isolate_base_rows": "yes"})
 
 
 def test_sampling_settings_are_forwarded() -> None:
