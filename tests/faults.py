@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from lorafleet.launch.local_servers import free_port
 
@@ -17,8 +18,9 @@ class TcpProxy:
 
     ``cut()`` drops every connection (the peer sees a reset); ``stall()`` keeps
     them open but forwards nothing (a hung server, a half-open network);
-    ``cut_when_sent(pattern)`` cuts the moment a client sends ``pattern`` (an etcd key
-    travels as plain bytes in gRPC), so a fault can land on one exact step of a start-up.
+    ``cut_when_sent(pattern)`` and ``stall_when_sent(pattern)`` do so the moment a client
+    sends ``pattern`` (an etcd key travels as plain bytes in gRPC, an S3 key in the HTTP
+    request line), so a fault lands on one exact step: of a start-up, of a download.
     """
 
     def __init__(self, target_port: int) -> None:
@@ -28,8 +30,9 @@ class TcpProxy:
         self._links: set[asyncio.StreamWriter] = set()
         self.is_cut = False
         self.is_stalled = False
-        self.cut_pattern: bytes | None = None
+        self._trigger: tuple[bytes, Callable[[], None]] | None = None
         self.was_cut = asyncio.Event()
+        self.was_stalled = asyncio.Event()
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -49,11 +52,16 @@ class TcpProxy:
 
     def cut_when_sent(self, pattern: bytes) -> None:
         """Cut (as ``cut()``) when a client sends ``pattern``, which is not forwarded."""
-        self.cut_pattern = pattern
+        self._trigger = (pattern, self.cut)
+
+    def stall_when_sent(self, pattern: bytes) -> None:
+        """Stall (as ``stall()``) when a client sends ``pattern``, which is not forwarded."""
+        self._trigger = (pattern, self.stall)
 
     def stall(self) -> None:
         """Keep every connection open but forward no byte, until ``restore()``."""
         self.is_stalled = True
+        self.was_stalled.set()
 
     def restore(self) -> None:
         self.is_cut = False
@@ -84,9 +92,10 @@ class TcpProxy:
     ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
-                if from_client and self.cut_pattern is not None and self.cut_pattern in data:
-                    self.cut_pattern = None
-                    self.cut()
+                if from_client and self._trigger is not None and self._trigger[0] in data:
+                    fault = self._trigger[1]
+                    self._trigger = None
+                    fault()
                 if self.is_cut:
                     break
                 if self.is_stalled:

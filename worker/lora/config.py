@@ -47,6 +47,8 @@ class LoRAManagerConfig:
     sources: tuple[tuple[str, str], ...] = ()
     """``(scheme, "module:attr")`` pairs of configured sources, tried in this order."""
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
+    """``DYN_LORA_DOWNLOAD_TIMEOUT_S``: one source's whole download of one adapter fails
+    after this long (a source that hangs mid-download), and a later load tries again."""
 
     def __post_init__(self) -> None:
         if self.cache_max_bytes is not None and self.cache_max_bytes <= 0:
@@ -60,7 +62,9 @@ class LoRAManagerConfig:
         if bad:
             raise LoraConfigError(f"invalid scheme names (lower-case, e.g. 's3'): {sorted(bad)}")
         if self.download_timeout_s <= 0:
-            raise LoraConfigError(f"download_timeout_s must be positive: {self.download_timeout_s}")
+            raise LoraConfigError(
+                f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be positive, got {self.download_timeout_s}"
+            )
         self._check_sources_allowed()
 
     def _check_sources_allowed(self) -> None:
@@ -75,7 +79,8 @@ class LoRAManagerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoRAManagerConfig:
-        """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES}``."""
+        """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES,
+        DOWNLOAD_TIMEOUT_S}``."""
         env = os.environ if environ is None else environ
         path = env.get("DYN_LORA_PATH", "").strip()
         roots = env.get("DYN_LORA_FILE_ROOTS", "")
@@ -86,6 +91,7 @@ class LoRAManagerConfig:
             allowed_schemes=frozenset(s.lower() for s in allowed) if allowed else None,
             cache_max_bytes=_parse_bytes(env.get("DYN_LORA_CACHE_MAX_BYTES", "")),
             sources=tuple(_parse_source(item) for item in _split(env.get("DYN_LORA_SOURCES", ""))),
+            download_timeout_s=_parse_seconds(env.get("DYN_LORA_DOWNLOAD_TIMEOUT_S", "")),
         )
 
 
@@ -100,6 +106,17 @@ def _parse_bytes(value: str) -> int | None:
     if not value.isdigit():
         raise LoraConfigError(f"DYN_LORA_CACHE_MAX_BYTES must be a byte count, got {value!r}")
     return int(value)
+
+
+def _parse_seconds(value: str) -> float:
+    if not value.strip():
+        return DEFAULT_DOWNLOAD_TIMEOUT_S
+    try:
+        return float(value)
+    except ValueError:
+        raise LoraConfigError(
+            f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be seconds (e.g. 600), got {value!r}"
+        ) from None
 
 
 def _parse_source(item: str) -> tuple[str, str]:
