@@ -1,4 +1,6 @@
-"""Issue 27 at length: a worker cut off from etcd (NATS fine) under chat load.
+"""Issue 27 at length: a worker, then a frontend, cut off from etcd; a stalled etcd member.
+
+Each case runs three times and prints its figures for docs/faults.md.
 
 Two mocker workers serve ``demo`` with ``pirate`` loaded; worker A reaches etcd only
 through a ``TcpProxy``. Closed-loop chats run through a frontend while A's link is cut
@@ -12,12 +14,16 @@ version is ``tests/worker/test_etcd_partition.py``.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
 import httpx
 
-from lorafleet.discovery.client import EtcdClient
+from lorafleet.discovery.client import EtcdClient, connect_etcd
+from lorafleet.discovery.errors import EtcdUnavailableError
+from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.launch.etcd_cluster import start_etcd_cluster
 from lorafleet.proto.discovery import decode_card
 from tests.etcd_scenarios import ADAPTER, LORA_ENV, MODEL, Load, listed_models
 from tests.faults import TcpProxy
@@ -126,3 +132,92 @@ async def _keys_of(etcd, namespace: str, instance: str) -> list[str]:
             if key.endswith(f"/{instance}") or f"/{instance}/" in key:
                 keys.append(key)
     return keys
+
+
+async def test_frontend_cut_from_etcd_serves_its_last_view_and_catches_up_fast(
+    tmp_path: Path, etcd_url: str, nats_url: str, namespace: str
+) -> None:
+    """Three cuts; during each, 40 chats and a new worker with a new model behind the cut."""
+    proxy = await TcpProxy(int(etcd_url.rsplit(":", 1)[1])).start()
+    where = {"etcd_url": etcd_url, "nats_url": nats_url, "namespace": namespace}
+    started = [await asyncio.to_thread(start_worker, tmp_path, model=MODEL, **where)]
+    try:
+        frontend = await asyncio.to_thread(
+            start_frontend, tmp_path, **{**where, "etcd_url": proxy.url}
+        )  # fmt: skip
+        started.append(frontend)
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as client:
+            while await listed_models(client) != {MODEL}:
+                await asyncio.sleep(0.05)
+            for run in range(RUNS):
+                figures = await _frontend_cut(client, proxy, tmp_path, where, started, run)
+                print(f"run {run}: {figures}")
+                assert figures["failed"] == 0, figures
+    finally:
+        for process in started:
+            process.kill()
+        await proxy.aclose()
+
+
+async def _frontend_cut(
+    client: httpx.AsyncClient, proxy: TcpProxy, tmp_path: Path, where: dict[str, str],
+    started: list[ServiceProcess], run: int,
+) -> dict[str, object]:  # fmt: skip
+    proxy.cut()
+    cut_at = time.monotonic()
+    while (await client.get("/health")).json()["status"] != "degraded":
+        await asyncio.sleep(0.01)
+    detect_s = time.monotonic() - cut_at
+    name = f"new{run}"
+    started.append(await asyncio.to_thread(start_worker, tmp_path, model=name, **where))
+    failed = 0
+    for _ in range(40):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        failed += (await client.post("/v1/chat/completions", json=body)).status_code != 200
+    proxy.restore()
+    restored_at = time.monotonic()
+    while name not in await listed_models(client):
+        await asyncio.sleep(0.01)
+    heal_s = time.monotonic() - restored_at
+    return {
+        "sent": 40,
+        "failed": failed,
+        "detect_s": round(detect_s, 2),
+        "heal_s": round(heal_s, 2),
+    }
+
+
+async def test_a_stalled_etcd_member_is_left_within_one_call_timeout(tmp_path: Path) -> None:
+    """A follower, then the leader, SIGSTOPped while listed first; a lease of 10 s."""
+    for run, which in enumerate(("follower", "leader") * RUNS):
+        figures = await _stall(tmp_path / f"run{run}", which)
+        print(f"run {run}, {which} stalled: {figures}")
+        assert not figures["lease_lost"], figures
+
+
+async def _stall(tmp_path: Path, which: str) -> dict[str, object]:
+    cluster = await asyncio.to_thread(start_etcd_cluster, tmp_path)
+    leader = await asyncio.to_thread(cluster.wait_for_leader)
+    stalled = leader if which == "leader" else next(m for m in cluster.members if m is not leader)
+    order = [stalled, *(m for m in cluster.members if m is not stalled)]
+    etcd = await connect_etcd(",".join(m.url for m in order))
+    try:
+        keeper = await LeaseKeeper.grant(etcd, 10)
+        await keeper.put("v1/stall/k", b"1")
+        stalled.process.send_signal(signal.SIGSTOP)
+        stalled_at, failed = time.monotonic(), 0
+        while True:
+            try:
+                with etcd.errors("get"):
+                    await etcd.get(b"v1/stall/k")
+                break
+            except EtcdUnavailableError:
+                failed += 1
+        answered_s = time.monotonic() - stalled_at
+        lost = keeper.expired or await etcd.get(b"v1/stall/k") is None
+        await keeper.aclose()
+        return {"failed_calls": failed, "answered_s": round(answered_s, 2), "lease_lost": lost}
+    finally:
+        stalled.process.send_signal(signal.SIGCONT)
+        await etcd.close()
+        cluster.stop()
