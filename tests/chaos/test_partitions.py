@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 
 from lorafleet.discovery.client import EtcdClient, connect_etcd
 from lorafleet.discovery.errors import EtcdUnavailableError
@@ -43,6 +44,7 @@ async def test_worker_cut_from_etcd_under_load_fails_nothing_and_republishes(
         figures = await _one_cut(tmp_path / f"run{run}", etcd_url, etcd, nats_url, namespace)
         print(f"run {run}: {figures}")
         assert figures["failed"] == 0 and figures["wrong"] == 0, figures
+        assert figures["streams_broken"] == 0, figures
         assert figures["violations"] == 0, figures
 
 
@@ -80,10 +82,11 @@ async def _cut_under_load(
     proxy: TcpProxy, worker: ServiceProcess, frontend: ServiceProcess, etcd, namespace: str
 ) -> dict[str, object]:
     load = Load(frontend.url)
+    streams = Streams()
     violations: list[str] = []
     async with httpx.AsyncClient(base_url=worker.url, timeout=10) as client:
         instance = (await client.get("/health")).json()["instance_id"]
-        running = asyncio.create_task(load.run(CLIENTS))
+        running = asyncio.gather(load.run(CLIENTS), streams.run(frontend.url, load.stop))
         checker = asyncio.create_task(_check_cards(client, etcd, namespace, instance, violations))
         proxy.cut()
         cut_at = time.monotonic()
@@ -104,9 +107,41 @@ async def _cut_under_load(
         await asyncio.gather(checker, return_exceptions=True)
     return {
         "sent": load.sent, "sent_before_heal": sent_during_cut, "failed": load.failed,
-        "wrong": load.wrong, "violations": len(violations), "detect_s": round(detect_s, 2),
+        "wrong": load.wrong, "streams": streams.sent, "streams_broken": streams.broken,
+        "violations": len(violations), "detect_s": round(detect_s, 2),
         "heal_s": round(heal_s, 2), "errors": (load.errors + violations)[:3],
     }  # fmt: skip
+
+
+class Streams:
+    """Streamed chats of ``pirate`` in a closed loop; one that errs or ends without a
+    finish reason is broken."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.broken = 0
+
+    async def run(self, frontend_url: str, stop: asyncio.Event, clients: int = 2) -> None:
+        client = openai.AsyncOpenAI(
+            base_url=f"{frontend_url}/v1", api_key="unused", max_retries=0, timeout=30
+        )
+        async with client:
+            await asyncio.gather(*(self._loop(client, stop) for _ in range(clients)))
+
+    async def _loop(self, client: openai.AsyncOpenAI, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.sent += 1
+            finished = False
+            try:
+                stream = await client.chat.completions.create(
+                    model=ADAPTER, messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=16, stream=True,
+                )  # fmt: skip
+                async for chunk in stream:
+                    finished = finished or any(c.finish_reason for c in chunk.choices)
+            except openai.OpenAIError:
+                pass
+            self.broken += not finished
 
 
 async def _check_cards(
