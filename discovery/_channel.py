@@ -44,7 +44,9 @@ silently for ever. 5 s is the least etcd accepts by default
 gRPC sends them only while nothing else is written: a client that keeps calling is
 moved off a stalled member by ``EtcdClient`` instead (a call that times out)."""
 KEEPALIVE_TIMEOUT_MS: Final = 1000
-"""A ping unanswered this long closes the connection."""
+"""A ping unanswered this long closes the connection. gRPC's C core now reads this from
+``grpc.http2.ping_timeout_ms`` (default 60 s), so both are set: with the keepalive
+option alone a watch over a stalled link was never found out."""
 
 _CHANNEL_OPTIONS: Final = {
     # Each client its own connections: gRPC otherwise shares them process-wide, and a new
@@ -55,6 +57,7 @@ _CHANNEL_OPTIONS: Final = {
     "grpc.max_reconnect_backoff_ms": MAX_RECONNECT_BACKOFF_MS,
     "grpc.keepalive_time_ms": KEEPALIVE_TIME_MS,
     "grpc.keepalive_timeout_ms": KEEPALIVE_TIMEOUT_MS,
+    "grpc.http2.ping_timeout_ms": KEEPALIVE_TIMEOUT_MS,
     "grpc.keepalive_permit_without_calls": 1,
     "grpc.http2.max_pings_without_data": 0,
 }

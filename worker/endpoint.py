@@ -220,11 +220,6 @@ class Endpoint:
     async def _stream(self, request: GenerateRequest, reply: str) -> None:
         if self.engine is None:
             raise UnavailableError("worker is starting; retry on another instance")
-        if self._lease.expired:
-            raise UnavailableError(
-                f"worker {self.instance_id:x} lost its etcd lease (etcd unreachable) and is "
-                "not published; retry on another instance"
-            )
         timing = RequestTiming(self.engine.config.model_name, request.model)
         gathered: list[TokenChunk] | None = [] if request.whole else None
         with self.engine.track_request(request.model):

@@ -174,8 +174,8 @@ def health(status: StatusState) -> Response[Any]:
             ready = False
             body["status"] = "unhealthy"
             body["message"] = (
-                "etcd is unreachable and this worker's lease expired: its cards are gone, "
-                "it takes no new requests, and it re-publishes them when etcd answers again"
+                "etcd is unreachable and this worker's lease expired: its cards are gone, so "
+                "frontends stop routing to it; it re-publishes them when etcd answers again"
             )
     body["instance_id"] = f"{status.instance_id:x}"
     return Response(body, status_code=200 if ready else 503)

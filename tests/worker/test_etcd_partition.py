@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from lorafleet.proto.discovery import decode_instance
-from lorafleet.proto.inference import ErrorChunk, GenerateRequest, SamplingParams
+from lorafleet.proto.inference import ErrorChunk, GenerateRequest
 from lorafleet.proto.naming import lora_id
 from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
@@ -60,7 +60,7 @@ async def _instance_keys(etcd, namespace: str, instance_id: str) -> list[str]:
     return keys
 
 
-async def test_worker_cut_from_etcd_says_so_refuses_new_work_and_republishes_on_heal(
+async def test_worker_cut_from_etcd_says_so_and_republishes_on_heal(
     worker_factory, etcd, etcd_proxy, nc, namespace, tmp_path
 ):
     worker = await _start_behind(worker_factory, etcd_proxy, tmp_path)
@@ -78,10 +78,6 @@ async def test_worker_cut_from_etcd_says_so_refuses_new_work_and_republishes_on_
         async with asyncio.timeout(HEAL_TIMEOUT_S):  # etcd drops the records with the lease
             while await _instance_keys(etcd, namespace, instance_id):
                 await asyncio.sleep(0.1)
-        request = GenerateRequest(request_id="late", model="demo", sampling=SamplingParams())
-        (refusal,) = await stream(nc, subject, request)
-        assert isinstance(refusal, ErrorChunk) and refusal.error.code == "unavailable"
-        assert "etcd lease" in refusal.error.message
 
         etcd_proxy.restore()
         health = await _health_until(client, 200)
