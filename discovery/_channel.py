@@ -1,4 +1,5 @@
-"""Build the gRPC channel to etcd's members: one target for all, TLS, a capped reconnect.
+"""Build the gRPC channel to etcd's members: one target for all, TLS, a capped reconnect,
+keepalive pings that leave a stalled member.
 
 Must not hold etcd logic: ``client.py`` owns calls and errors, this module only says
 where the members are and how to reach them.
@@ -20,6 +21,8 @@ from lorafleet.discovery.settings import EtcdSettings
 
 __all__ = [
     "ChannelPlan",
+    "KEEPALIVE_TIMEOUT_MS",
+    "KEEPALIVE_TIME_MS",
     "MAX_RECONNECT_BACKOFF_MS",
     "Resolver",
     "needs_resolving",
@@ -33,6 +36,18 @@ MAX_RECONNECT_BACKOFF_MS: Final = 500
 keep-alive came back only after the TTL and the cards were gone. Capped, a channel
 reconnects within this long of etcd's return."""
 
+KEEPALIVE_TIME_MS: Final = 5000
+"""Ping etcd over a quiet connection this often: a member that stalls (SIGSTOP, a hung
+host, a one-way partition) keeps its TCP connection open, and a watch on it would wait
+silently for ever. 5 s is the least etcd accepts by default
+(``--grpc-keepalive-min-time``); quicker pings get the connection closed as abusive.
+gRPC sends them only while nothing else is written: a client that keeps calling is
+moved off a stalled member by ``EtcdClient`` instead (a call that times out)."""
+KEEPALIVE_TIMEOUT_MS: Final = 1000
+"""A ping unanswered this long closes the connection. gRPC's C core now reads this from
+``grpc.http2.ping_timeout_ms`` (default 60 s), so both are set: with the keepalive
+option alone a watch over a stalled link was never found out."""
+
 _CHANNEL_OPTIONS: Final = {
     # Each client its own connections: gRPC otherwise shares them process-wide, and a new
     # client would inherit another's reconnect backoff and fail at once after a restart.
@@ -40,6 +55,11 @@ _CHANNEL_OPTIONS: Final = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": MAX_RECONNECT_BACKOFF_MS,
+    "grpc.keepalive_time_ms": KEEPALIVE_TIME_MS,
+    "grpc.keepalive_timeout_ms": KEEPALIVE_TIMEOUT_MS,
+    "grpc.http2.ping_timeout_ms": KEEPALIVE_TIMEOUT_MS,
+    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.http2.max_pings_without_data": 0,
 }
 
 Resolver: TypeAlias = Callable[[str, int], list[str]]
@@ -71,11 +91,15 @@ def needs_resolving(settings: EtcdSettings) -> bool:
     return any(not _is_ip(host) for host, _ in settings.host_ports)
 
 
-def plan_channel(settings: EtcdSettings, resolve: Resolver = resolve_host) -> ChannelPlan:
+def plan_channel(
+    settings: EtcdSettings, resolve: Resolver = resolve_host, *, first: int = 0
+) -> ChannelPlan:
     """One target for all members: gRPC's pick_first fails over between them.
 
     A list with DNS names is resolved here (gRPC's static address lists take IP
     addresses only); a name that does not resolve now is left out, as long as one does.
+    The addresses start at the ``first``-th (modulo their number): pick_first keeps to a
+    member that accepts connections but never answers, so the client moves the start on.
     TLS checks every member's certificate against the first endpoint's host name.
     """
     pairs = settings.host_ports
@@ -83,6 +107,8 @@ def plan_channel(settings: EtcdSettings, resolve: Resolver = resolve_host) -> Ch
         host, port = pairs[0]
         return ChannelPlan(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     addresses = _resolve_all(settings, resolve)
+    start = first % len(addresses)
+    addresses = addresses[start:] + addresses[:start]
     ipv6 = [address for address in addresses if address.startswith("[")]
     if ipv6 and len(ipv6) != len(addresses):
         raise ValueError(f"ETCD_ENDPOINTS {settings.describe()} mix IPv4 and IPv6 members")

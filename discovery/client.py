@@ -50,6 +50,10 @@ RERESOLVE_INTERVAL_S: Final = 2.0
 """While no member answers, look their names up again at most this often: a member that
 moved (a new pod, a new container) has a new address under its old name."""
 
+MAX_RETIRED_CHANNELS: Final = 2
+"""Channels left behind by a re-open are closed once this many newer ones exist: calls
+on them have long timed out, and a watch still there starts again on the new one."""
+
 _CREDENTIALS_HINT: Final = "ETCD_AUTH_USERNAME and ETCD_AUTH_PASSWORD"
 _TLS_HINT: Final = (
     "ETCD_AUTH_CA (the CA that signed etcd's certificate), ETCD_AUTH_CLIENT_CERT and "
@@ -85,6 +89,8 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         self._resolve = resolve
         self._plan: ChannelPlan | None = None
         self._no_member_answers = False
+        self._first_member = 0
+        self._member_stalled = False
         self._resolved_at_s = 0.0
         self._connect_lock = asyncio.Lock()
         self._retired: list[tuple[grpc.aio.Channel, watcher.Watcher]] = []
@@ -94,16 +100,26 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
 
         No I/O but a DNS lookup: gRPC connects on the first call.
         """
-        if self._connected.is_set() and not self._resolve_due():
+        if self._connected.is_set() and not self._reopen_due():
             return
         async with self._connect_lock:
-            if self._connected.is_set() and not self._resolve_due():
+            if self._connected.is_set() and not self._reopen_due():
                 return
+            if self._member_stalled:
+                self._member_stalled = False
+                self._first_member += 1
             self._no_member_answers = False
             self._resolved_at_s = time.monotonic()
-            plan = await asyncio.to_thread(plan_channel, self.settings, self._resolve)
+            plan = await asyncio.to_thread(
+                plan_channel, self.settings, self._resolve, first=self._first_member
+            )
             if plan != self._plan:
                 self._open(plan)
+            while len(self._retired) > MAX_RETIRED_CHANNELS:
+                await self._close_channel(*self._retired.pop(0))
+
+    def _reopen_due(self) -> bool:
+        return self._member_stalled or self._resolve_due()
 
     def _resolve_due(self) -> bool:
         return (
@@ -115,7 +131,8 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
     def _open(self, plan: ChannelPlan) -> None:
         if self._plan is not None:  # calls still on the old channel fail and are retried
             self._retired.append((self.channel, self._watcher))
-            log.info("etcd members moved; new channel", endpoints=self.endpoint, to=plan.target)
+            log.info("etcd channel re-opened (members moved or one stalled)",
+                     endpoints=self.endpoint, to=plan.target)  # fmt: skip
         self._plan = plan
         self.channel = open_channel(self.settings, plan, self._tokens)
         if self._tokens is not None:
@@ -130,10 +147,14 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
     async def close(self) -> None:
         """Close the channel, and any channel left behind when the members moved."""
         for channel, old_watcher in self._retired:
-            await old_watcher.shutdown()
-            await channel.close()
+            await self._close_channel(channel, old_watcher)
         self._retired.clear()
         await super().close()
+
+    @staticmethod
+    async def _close_channel(channel: grpc.aio.Channel, old_watcher: watcher.Watcher) -> None:
+        await old_watcher.shutdown()
+        await channel.close()
 
     async def authenticate(self) -> None:
         """Fetch an auth token now (when a user is configured), so bad credentials show at once."""
@@ -170,6 +191,10 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
             self._tokens.forget()  # etcd restarted or the token idled out: log in again
         if _NO_MEMBER_TEXT in reason:
             self._no_member_answers = True  # the next call may look the names up again
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED and len(self.settings.endpoints) > 1:
+            # The member in use may be stalled (it still accepts connections, so gRPC
+            # stays with it): the next call starts from the next member.
+            self._member_stalled = True
         return EtcdUnavailableError(
             endpoint=self.endpoint, operation=operation, key=key, reason=reason
         )

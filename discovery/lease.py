@@ -4,6 +4,11 @@ The keeper owns every record the process published. Whenever the lease is
 lost (etcd restarted and it expired, keep-alive failed too long) it grants
 the same lease id again and puts every record back; after any etcd error it
 reconciles etcd with what it owns. Callers never repair anything themselves.
+
+While etcd cannot be reached the keeper counts down the lease from the last renewal
+etcd confirmed: once that runs out the state is ``EXPIRED`` (etcd has dropped, or is
+about to drop, every record), and callers such as ``/health`` can say the process is
+no longer published. The first renewal after the heal re-grants and puts everything back.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class LeaseState(enum.Enum):
 
     ACTIVE = "active"
     RECOVERING = "recovering"
+    """Keep-alives fail, but the last confirmed renewal still holds: nothing is lost yet."""
+    EXPIRED = "expired"
+    """Keep-alives failed for a whole TTL since the last renewal: the records are gone."""
     CLOSED = "closed"
 
 
@@ -48,13 +56,16 @@ class LeaseKeeper:
         self._lock = asyncio.Lock()
         self._dirty = False
         self._task: asyncio.Task[None] | None = None
+        self._expiry: asyncio.TimerHandle | None = None
 
     @classmethod
     async def grant(cls, etcd: EtcdClient, ttl_s: int) -> LeaseKeeper:
         """Grant a new lease of ``ttl_s`` seconds and start keeping it alive."""
+        sent_at = asyncio.get_running_loop().time()
         with etcd.errors("grant lease"):
             lease = await etcd.lease(ttl_s)
         keeper = cls(etcd, lease.id, ttl_s)
+        keeper._renewed(sent_at, ttl_s)
         keeper._task = asyncio.create_task(keeper._keepalive_loop(), name="lease-keepalive")
         log.info("lease granted", lease=f"{lease.id:x}", ttl_s=ttl_s)
         return keeper
@@ -64,6 +75,11 @@ class LeaseKeeper:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    @property
+    def expired(self) -> bool:
+        """Whether etcd no longer holds this process's records (the lease ran out unrenewed)."""
+        return self.state is LeaseState.EXPIRED
 
     @property
     def records(self) -> dict[str, bytes]:
@@ -97,6 +113,8 @@ class LeaseKeeper:
         if self.state is LeaseState.CLOSED:
             return
         self._set_state(LeaseState.CLOSED)
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -129,16 +147,35 @@ class LeaseKeeper:
                 # one warning when the trouble starts; ``_set_state`` logs the recovery
                 report = log.warning if self.state is LeaseState.ACTIVE else log.debug
                 report("lease keep-alive failed", lease=f"{self.lease_id:x}", error=str(exc))
-                self._set_state(LeaseState.RECOVERING)
+                if self.state is LeaseState.ACTIVE:
+                    self._set_state(LeaseState.RECOVERING)
                 await asyncio.sleep(backoff_s(failures, cap_s=min(MAX_BACKOFF_S, interval_s)))
 
+    def _renewed(self, sent_at: float, ttl_s: int) -> None:
+        """etcd confirmed the lease at a request sent at ``sent_at`` (loop time): it holds
+        at least ``ttl_s`` from then, so the count-down to ``EXPIRED`` restarts there."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = asyncio.get_running_loop().call_at(sent_at + ttl_s, self._expire)
+
+    def _expire(self) -> None:
+        if self.state is LeaseState.CLOSED:
+            return
+        log.warning("lease expired unrenewed: etcd has dropped this process's records",
+                    lease=f"{self.lease_id:x}", records=len(self._records))  # fmt: skip
+        self._set_state(LeaseState.EXPIRED)
+
     async def _keepalive_once(self) -> None:
+        sent_at = asyncio.get_running_loop().time()
         with self._etcd.errors("keep lease alive"):
             ttl_s = await self._etcd.keep_lease_alive(self.lease_id)
         if ttl_s <= 0:
+            sent_at = asyncio.get_running_loop().time()
             await self._regrant()
+            ttl_s = self.ttl_s
         elif self._dirty:
             await self._reconcile()
+        self._renewed(sent_at, ttl_s)
 
     async def _regrant(self) -> None:
         """Grant the same lease id again and put every owned record back."""

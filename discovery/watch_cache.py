@@ -53,6 +53,9 @@ class WatchCache(Generic[T]):
         self.revision = 0
         self.changes = 0
         """How many adds, updates and removes were applied: a key for caches built from it."""
+        self.in_sync = False
+        """Whether the cache follows etcd now: False from a watch failure (etcd cut off or
+        stalled) until a listing or a new watch succeeds; the items are then the last view."""
         self._listeners: list[WatchListener[T]] = []
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -144,6 +147,7 @@ class WatchCache(Generic[T]):
                 raise
             except Exception as exc:
                 failures += 1
+                self.in_sync = False
                 # one warning when the trouble starts and one line when it ends, not one per try
                 report = log.warning if failures == 1 else log.debug
                 report("watch interrupted; re-listing", prefix=self.prefix, error=repr(exc))
@@ -159,6 +163,7 @@ class WatchCache(Generic[T]):
             watch = await self._etcd.watch_prefix(
                 self.prefix.encode(), start_revision=self.revision + 1
             )
+        self.in_sync = True  # the watch replays every change since the last one applied
         try:
             async for event in watch:
                 key = event.kv.key.decode()
@@ -188,6 +193,7 @@ class WatchCache(Generic[T]):
         for key, value in fresh.items():
             self._apply(key, value)
         self.revision = revision
+        self.in_sync = True
         await self._notify()
 
     async def _list(self) -> tuple[dict[str, T | None], int]:

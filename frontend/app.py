@@ -106,6 +106,7 @@ async def _start_services(
     loads = await FleetLoads.start(etcd, config.namespace)
     stack.push_async_callback(loads.aclose)
     metrics: FrontendMetrics = app.state.metrics
+    metrics.follow_etcd(lambda: registry.etcd_in_sync)
     dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, metrics)
     failures = LoadFailures(loads)
     loader = OnDemandLoader(

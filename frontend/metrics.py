@@ -8,6 +8,7 @@ nobody serves, to bound cardinality) and the endpoint (``chat``, ``completions``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -82,7 +83,17 @@ class FrontendMetrics:
             ["version", "python_version", "component"], registry=self.registry,
         )  # fmt: skip
         self.build_info.labels(lorafleet_version(), python_version(), "frontend").set(1)
+        self.etcd_in_sync = Gauge(
+            "lorafleet_frontend_etcd_in_sync",
+            "1 while this frontend's view of etcd is current; 0 while etcd is cut off and "
+            "it routes by its last view",
+            registry=self.registry,
+        )  # fmt: skip
         self._children: dict[tuple[object, ...], Any] = {}
+
+    def follow_etcd(self, in_sync: Callable[[], bool]) -> None:
+        """Read ``lorafleet_frontend_etcd_in_sync`` from ``in_sync`` at every scrape."""
+        self.etcd_in_sync.set_function(lambda: float(in_sync()))
 
     def started(self, model: str, endpoint: str) -> None:
         """A generate request for a served model began."""

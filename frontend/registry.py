@@ -152,6 +152,11 @@ class ModelRegistry:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    @property
+    def etcd_in_sync(self) -> bool:
+        """Whether instances and cards follow etcd now (False: the last view is served)."""
+        return self.instance_cache.in_sync and self.card_cache.in_sync
+
     def get(self, name: str) -> ServedModel | None:
         """The served model called ``name``, or None."""
         return self._current().get(name)

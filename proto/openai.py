@@ -390,9 +390,11 @@ class OpenAIErrorResponse(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class FrontendHealth(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer of ``GET /health``: ``healthy`` while NATS is connected."""
+    """Answer of ``GET /health``: ``healthy`` while NATS is connected and the view of
+    etcd is current, ``degraded`` while etcd is cut off."""
 
-    status: Literal["healthy", "unhealthy"]
+    status: Literal["healthy", "degraded", "unhealthy"]
     nats: str
+    etcd: str = "in sync"
     models: int = 0
     instances: int = 0

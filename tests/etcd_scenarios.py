@@ -116,6 +116,8 @@ class Load:
     frontend_url: str
     sent: int = 0
     failed: int = 0
+    wrong: int = 0
+    """Answers that came back for another model than the one asked for."""
     errors: list[str] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -132,12 +134,16 @@ class Load:
         while not self.stop.is_set():
             self.sent += 1
             try:
-                await client.chat.completions.create(
+                answer = await client.chat.completions.create(
                     model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
                 )
             except openai.OpenAIError as exc:
                 self.failed += 1
                 self.errors.append(f"{model}: {exc}")
+                continue
+            if answer.model != model:
+                self.wrong += 1
+                self.errors.append(f"{model}: answered as {answer.model}")
 
 
 async def records(etcd: EtcdClient, namespace: str) -> dict[str, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from lorafleet.launch.local_servers import free_port
 
@@ -18,6 +19,9 @@ class TcpProxy:
     ``cut()`` drops every connection (the peer sees a reset); ``stall()`` keeps
     them open but forwards nothing (a hung server, a half-open network);
     ``delay(s)`` forwards every byte, in order, ``s`` late (a slow link: a watch behind).
+    ``cut_when_sent(pattern)`` and ``stall_when_sent(pattern)`` do so the moment a client
+    sends ``pattern`` (an etcd key travels as plain bytes in gRPC, an S3 key in the HTTP
+    request line), so a fault lands on one exact step: of a start-up, of a download.
     """
 
     def __init__(self, target_port: int) -> None:
@@ -28,6 +32,9 @@ class TcpProxy:
         self.is_cut = False
         self.is_stalled = False
         self.delay_s = 0.0
+        self._trigger: tuple[bytes, Callable[[], None]] | None = None
+        self.was_cut = asyncio.Event()
+        self.was_stalled = asyncio.Event()
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -40,13 +47,23 @@ class TcpProxy:
     def cut(self) -> None:
         """Drop every open connection and refuse new ones until ``restore()``."""
         self.is_cut = True
+        self.was_cut.set()
         for writer in list(self._links):
             writer.transport.abort()
         self._links.clear()
 
+    def cut_when_sent(self, pattern: bytes) -> None:
+        """Cut (as ``cut()``) when a client sends ``pattern``, which is not forwarded."""
+        self._trigger = (pattern, self.cut)
+
+    def stall_when_sent(self, pattern: bytes) -> None:
+        """Stall (as ``stall()``) when a client sends ``pattern``, which is not forwarded."""
+        self._trigger = (pattern, self.stall)
+
     def stall(self) -> None:
         """Keep every connection open but forward no byte, until ``restore()``."""
         self.is_stalled = True
+        self.was_stalled.set()
 
     def delay(self, seconds: float) -> None:
         """Forward every chunk ``seconds`` after it came, in order, until ``restore()``."""
@@ -73,11 +90,19 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._links.update((writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        await asyncio.gather(
+            self._pipe(reader, up_writer, from_client=True), self._pipe(up_reader, writer)
+        )
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, from_client=False
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
+                if from_client and self._trigger is not None and self._trigger[0] in data:
+                    fault = self._trigger[1]
+                    self._trigger = None
+                    fault()
                 if self.is_cut:
                     break
                 if self.is_stalled:

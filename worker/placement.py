@@ -157,8 +157,16 @@ class Placement:
     ) -> Placement:
         """Publish the load record, watch the fleet, and converge from now on."""
         specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
-        cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
-        loads = await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load)
+        try:  # an etcd error part-way: close what started, the caller may try again
+            cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
+        except Exception:
+            await specs.aclose()
+            raise
+        try:
+            loads = await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load)
+        except Exception:
+            await asyncio.gather(specs.aclose(), cards.aclose())
+            raise
         placement = cls(
             controller=controller, instance_id=lease.lease_id, specs=specs, cards=cards,
             loads=loads, settings=settings,

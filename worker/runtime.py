@@ -1,7 +1,8 @@
 """Start a worker in the design's order, serve until a signal, then shut down in bounded time.
 
 Start-up is ``WorkerRuntime._start``, one step a line, each fatal: 1. NATS, etcd, lease
-(each waited for up to the connect timeout); 2. subscription confirmed at the server;
+(each waited for up to the connect timeout; so are steps 7 and 8, which talk to etcd);
+2. subscription confirmed at the server;
 3. adapter sources and cache, when LoRA is on (else the LoRA routes say which switch is
 missing); 4. status server and its routes; 5. engine start and ``on_endpoint_ready``
 exactly once (an adapter engine binds its LoRA controller to the endpoint there);
@@ -21,7 +22,8 @@ import os
 import signal
 import socket
 import time
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import structlog
 
@@ -31,7 +33,7 @@ from lorafleet.discovery.keys import instance_key, load_key
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from lorafleet.discovery.nats_settings import NatsSettings
-from lorafleet.discovery.startup import unless_stopped
+from lorafleet.discovery.startup import connect_with_retry, unless_stopped
 from lorafleet.proto.discovery import Instance, encode_record
 from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.config import WorkerConfig
@@ -47,6 +49,8 @@ from lorafleet.worker.vllm_models_route import models_route
 __all__ = ["WorkerRuntime", "run_worker"]
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 CLEANUP_BUDGET_S: Final = 2.0
 """After the grace period, clean-up (lease, connections) is cut off after this long;
@@ -106,14 +110,15 @@ class WorkerRuntime:
         lease = await self._grant_lease(etcd, stack)
         endpoint = await self._serve_endpoint(nats, lease)
         status = StatusState(
-            self.registry, instance_id=lease.lease_id, auth_token=self.config.auth_token, nats=nats
-        )
+            self.registry, instance_id=lease.lease_id, auth_token=self.config.auth_token,
+            nats=nats, lease=lease,
+        )  # fmt: skip
         self._enable_adapters(stack)
         await self._start_status_server(status, stack)
         await self._start_engine(endpoint)
         self._open_updates(status, endpoint)
-        await self._publish(lease, endpoint)
-        placement = await self._start_placement(etcd, lease)
+        await self._until_etcd_answers(lambda: self._publish(lease, endpoint))
+        placement = await self._until_etcd_answers(lambda: self._start_placement(etcd, lease))
         status.phase = WorkerPhase.READY
         log.info("worker ready", instance=f"{lease.lease_id:x}", subject=endpoint.address.subject)
         return status, endpoint, lease, placement
@@ -130,6 +135,15 @@ class WorkerRuntime:
         etcd = await wait_for_etcd(cfg.etcd, timeout_s=cfg.connect_timeout_s)
         stack.push_async_callback(etcd.close)
         return nats, etcd
+
+    async def _until_etcd_answers(self, step: Callable[[], Awaitable[T]]) -> T:
+        """Run a start-up step that talks to etcd, again on an etcd error, for up to the
+        connect timeout: a link that drops after the first connection is waited for too."""
+        cfg = self.config
+        return await connect_with_retry(
+            step, service="etcd", url=cfg.etcd.describe(), timeout_s=cfg.connect_timeout_s,
+            check="ETCD_ENDPOINTS (--etcd-endpoints)",
+        )  # fmt: skip
 
     async def _grant_lease(self, etcd: EtcdClient, stack: contextlib.AsyncExitStack) -> LeaseKeeper:
         lease = await LeaseKeeper.grant(etcd, self.config.lease_ttl_s)

@@ -23,6 +23,7 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.nats_connection import NatsConnection
 from lorafleet.process.auth import bearer_token_accepted
 from lorafleet.process.header_timeout import DEFAULT_HEADER_TIMEOUT_S, with_header_timeout
@@ -84,6 +85,8 @@ class StatusState:
     auth_token: str | None = None
     nats: NatsConnection | None = None
     """The worker's request-plane connection; while it is down ``/health`` answers 503."""
+    lease: LeaseKeeper | None = None
+    """The worker's etcd lease; once it expired unrenewed ``/health`` answers 503."""
 
     async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
         """Call an engine route; while stopping, routes that change adapters answer 503."""
@@ -161,7 +164,7 @@ def is_mutating(path: str) -> bool:
 @get("/health", sync_to_thread=False)
 def health(status: StatusState) -> Response[Any]:
     """200 while ready and NATS is connected; 503 while starting or stopping, and while
-    NATS is down (naming it)."""
+    NATS is down or the etcd lease has expired (naming which)."""
     body: dict[str, str] = {"status": status.phase.value}
     ready = status.phase is WorkerPhase.READY
     if status.nats is not None:
@@ -173,6 +176,15 @@ def health(status: StatusState) -> Response[Any]:
             body["message"] = (
                 "NATS is unreachable: this worker gets no requests until it reconnects "
                 f"(reconnecting to {status.nats.settings.servers_text})"
+            )
+    if status.lease is not None:
+        body["etcd"] = "lease expired" if status.lease.expired else "lease held"
+        if ready and status.lease.expired:
+            ready = False
+            body["status"] = "unhealthy"
+            body["message"] = (
+                "etcd is unreachable and this worker's lease expired: its cards are gone, so "
+                "frontends stop routing to it; it re-publishes them when etcd answers again"
             )
     body["instance_id"] = f"{status.instance_id:x}"
     return Response(body, status_code=200 if ready else 503)

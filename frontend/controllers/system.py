@@ -20,11 +20,14 @@ class SystemController(Controller):
 
     @get("/health", operation_id="health", summary="Liveness and readiness", cache=False)
     async def health(self, services: NamedDependency[Services]) -> Response[FrontendHealth]:
-        """200 while NATS is connected, 503 otherwise; counts what etcd shows."""
+        """200 while NATS is connected, 503 otherwise; counts what etcd shows. ``degraded``
+        (still 200) while etcd is cut off: requests are routed by the last view of it."""
         connected = services.plane.nc.is_connected
+        in_sync = services.registry.etcd_in_sync
         body = FrontendHealth(
-            status="healthy" if connected else "unhealthy",
+            status="unhealthy" if not connected else "healthy" if in_sync else "degraded",
             nats="connected" if connected else "disconnected",
+            etcd="in sync" if in_sync else "cut off: serving the last view",
             models=len(services.registry.names()),
             instances=services.registry.instance_count,
         )

@@ -8,6 +8,8 @@ is SIGKILLed: no record, no lease and (aim) no request may be lost. The long ver
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from lorafleet.discovery.client import EtcdClient, connect_etcd
 from lorafleet.discovery.errors import EtcdUnavailableError
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.settings import EtcdSettings, parse_endpoints
+from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.launch.etcd_cluster import start_etcd_cluster
 from lorafleet.launch.local_servers import free_port
 from lorafleet.launch.tls_files import make_tls_files
@@ -100,4 +103,36 @@ async def test_a_tls_client_fails_over_when_the_member_it_uses_dies(tmp_path: Pa
         assert record.value == b"1"
         await etcd.close()
     finally:
+        cluster.stop()
+
+
+async def test_a_stalled_member_is_left_for_the_majority_and_no_lease_is_lost(
+    tmp_path: Path, namespace: str
+) -> None:
+    """SIGSTOP keeps the member's TCP connections open, so only gRPC keepalive pings show
+    that it stopped answering. The stalled member is a follower listed first: the lease
+    lives on the leader and expires unless the keeper reaches the majority within the TTL."""
+    cluster = await asyncio.to_thread(start_etcd_cluster, tmp_path / "etcd")
+    leader = await asyncio.to_thread(cluster.wait_for_leader)
+    follower, *others = [m for m in cluster.members if m is not leader] + [leader]
+    etcd = await connect_etcd(",".join(m.url for m in [follower, *others]))
+    witness = await connect_etcd(",".join(m.url for m in others))  # never meets the stall
+    removed: list[str] = []
+    try:
+        keeper = await LeaseKeeper.grant(etcd, 10)  # the worker's default TTL
+        await keeper.put(f"v1/{namespace}/a", b"1")
+        seen = await WatchCache.start(witness, f"v1/{namespace}/", bytes)
+        seen.subscribe(lambda key, old, new: removed.append(key) if new is None else None)
+        follower.process.send_signal(signal.SIGSTOP)
+        async with asyncio.timeout(30):  # puts meet the stall until the pings find it out
+            while await _get_quietly(etcd, f"v1/{namespace}/b") is None:
+                with contextlib.suppress(EtcdUnavailableError):
+                    await keeper.put(f"v1/{namespace}/b", b"2")
+        assert removed == [] and not keeper.expired
+        await keeper.aclose()
+        await seen.aclose()
+    finally:
+        follower.process.send_signal(signal.SIGCONT)
+        await etcd.close()
+        await witness.close()
         cluster.stop()

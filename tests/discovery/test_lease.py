@@ -142,7 +142,8 @@ async def test_calls_to_an_etcd_that_never_answers_fail_instead_of_hanging(etcd_
     async with asyncio.timeout(ETCD_OP_TIMEOUT_S * 3):  # a guard: a hang fails the test
         with pytest.raises(EtcdUnavailableError, match=f"put of '{namespace}/a' failed"):
             await keeper.put(f"{namespace}/a", b"1")
-        while keeper.state is not LeaseState.RECOVERING:  # keep-alives time out too
+        # keep-alives time out too; the TTL may run out first (then EXPIRED)
+        while keeper.state is LeaseState.ACTIVE:
             await asyncio.sleep(0.05)
     proxy.restore()
     await keeper.aclose(revoke=False)
@@ -171,3 +172,25 @@ async def test_a_task_cancelled_in_an_etcd_call_stays_cancelled_while_etcd_is_do
         else:
             assert isinstance(call.exception(), EtcdUnavailableError)
     await etcd.close()
+
+
+async def test_a_lease_cut_off_past_its_ttl_is_known_expired_and_put_back_on_heal(
+    etcd_url, etcd, namespace
+):
+    proxy = await TcpProxy(int(etcd_url.rsplit(":", 1)[1])).start()
+    behind = await connect_etcd(proxy.url)
+    keeper = await LeaseKeeper.grant(behind, TTL_S)
+    await keeper.put(f"{namespace}/a", b"1")
+    proxy.cut()
+    async with asyncio.timeout(TTL_S * 10):
+        while not keeper.expired:  # counted down from the last renewal etcd confirmed
+            await asyncio.sleep(0.05)
+    await _wait_gone(etcd, f"{namespace}/a", TTL_S * 5)  # etcd agrees
+    proxy.restore()
+    async with asyncio.timeout(TTL_S * 10):
+        while keeper.state is not LeaseState.ACTIVE:
+            await asyncio.sleep(0.05)
+    assert (await etcd.get(f"{namespace}/a".encode())) is not None
+    await keeper.aclose()
+    await behind.close()
+    await proxy.aclose()

@@ -117,3 +117,24 @@ async def test_compacted_revision_during_a_partition_does_not_break_the_watch(
         await cache.wait_until(lambda items: dict(items) == expected, timeout_s=15)
     await through_proxy.close()
     await proxy.aclose()
+
+
+async def test_a_silently_stalled_link_is_found_out_and_followed_again_after(
+    etcd_url, etcd, namespace
+):
+    """No byte passes and no reset comes: only gRPC's keepalive ping can tell."""
+    proxy = await TcpProxy(int(etcd_url.rsplit(":", 1)[1])).start()
+    through_proxy = await connect_etcd(proxy.url)
+    prefix = f"{namespace}/"
+    async with await WatchCache.start(through_proxy, prefix, _as_text) as cache:
+        assert cache.in_sync
+        proxy.stall()
+        async with asyncio.timeout(30):
+            while cache.in_sync:
+                await asyncio.sleep(0.05)
+        await etcd.put(f"{prefix}meanwhile".encode(), b"ok:meanwhile")
+        proxy.restore()
+        await cache.wait_until(lambda items: "meanwhile" in str(dict(items)), timeout_s=15)
+        assert cache.in_sync
+    await through_proxy.close()
+    await proxy.aclose()

@@ -50,6 +50,8 @@ class LoRAManagerConfig:
     sources: tuple[tuple[str, str], ...] = ()
     """``(scheme, "module:attr")`` pairs of configured sources, tried in this order."""
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
+    """``DYN_LORA_DOWNLOAD_TIMEOUT_S``: one source's whole download of one adapter fails
+    after this long (a source that hangs mid-download), and a later load tries again."""
     max_adapter_bytes: int | None = None
     """Refuse one adapter larger than this: from the source's listing before the download
     where the source has one (S3), and while any source writes; None means no bound."""
@@ -70,7 +72,9 @@ class LoRAManagerConfig:
         if bad:
             raise LoraConfigError(f"invalid scheme names (lower-case, e.g. 's3'): {sorted(bad)}")
         if self.download_timeout_s <= 0:
-            raise LoraConfigError(f"download_timeout_s must be positive: {self.download_timeout_s}")
+            raise LoraConfigError(
+                f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be positive, got {self.download_timeout_s}"
+            )
         self._check_sources_allowed()
 
     def _check_sources_allowed(self) -> None:
@@ -86,7 +90,7 @@ class LoRAManagerConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoRAManagerConfig:
         """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES,MAX_BYTES,
-        ALLOW_PICKLE}``."""
+        ALLOW_PICKLE,DOWNLOAD_TIMEOUT_S}``."""
         env = os.environ if environ is None else environ
         path = env.get("DYN_LORA_PATH", "").strip()
         roots = env.get("DYN_LORA_FILE_ROOTS", "")
@@ -99,6 +103,7 @@ class LoRAManagerConfig:
             max_adapter_bytes=_parse_bytes(env, "DYN_LORA_MAX_BYTES"),
             allow_pickle=_parse_bool(env, ALLOW_PICKLE_VARIABLE),
             sources=tuple(_parse_source(item) for item in _split(env.get("DYN_LORA_SOURCES", ""))),
+            download_timeout_s=_parse_seconds(env.get("DYN_LORA_DOWNLOAD_TIMEOUT_S", "")),
         )
 
 
@@ -120,6 +125,17 @@ def _parse_bool(env: Mapping[str, str], variable: str) -> bool:
     if value in _TRUE or value in _FALSE:
         return value in _TRUE
     raise LoraConfigError(f"{variable} must be true or false, got {value!r}")
+
+
+def _parse_seconds(value: str) -> float:
+    if not value.strip():
+        return DEFAULT_DOWNLOAD_TIMEOUT_S
+    try:
+        return float(value)
+    except ValueError:
+        raise LoraConfigError(
+            f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be seconds (e.g. 600), got {value!r}"
+        ) from None
 
 
 def _parse_source(item: str) -> tuple[str, str]:

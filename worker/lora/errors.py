@@ -18,6 +18,8 @@ failure in ``failures``.
 
 from __future__ import annotations
 
+import errno
+
 from lorafleet.proto.errors import (
     InvalidRequestError,
     LorafleetError,
@@ -28,6 +30,7 @@ from lorafleet.proto.limits import shorten
 from lorafleet.worker.lora._redact import redact_uri
 
 __all__ = [
+    "is_local_disk_error",
     "LoraConfigError",
     "LoraInvalidAdapterError",
     "LoraInvalidUriError",
@@ -80,6 +83,16 @@ class LoraUnavailableError(LoraSourceError, UnavailableError):
 
 class LoraConfigError(InvalidRequestError):
     """A ``DYN_LORA_*`` setting or a source registration is invalid; names the setting."""
+
+
+LOCAL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+"""Errors of the disk a download writes to (full, over quota, read-only), never of a source."""
+
+
+def is_local_disk_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the local disk's fault: the manager then names the cache's disk
+    instead of blaming the source (a full cache read as "the S3 download failed")."""
+    return isinstance(exc, OSError) and exc.errno in LOCAL_DISK_ERRNOS
 
 
 def adapter_too_big(uri: str, size: int, bound: int) -> LoraInvalidAdapterError:

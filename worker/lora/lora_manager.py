@@ -34,6 +34,7 @@ from lorafleet.worker.lora.errors import (
     LoraSourceError,
     LoraUnavailableError,
     adapter_too_big,
+    is_local_disk_error,
 )
 from lorafleet.worker.lora.file_source import FileSource
 from lorafleet.worker.lora.hf_source import HfSource
@@ -322,6 +323,8 @@ class LoRAManager:
                 hint="retry later",
             ) from exc
         except Exception as exc:
+            if is_local_disk_error(exc):
+                raise  # ``_fetch`` names the cache's disk
             log.warning(
                 "lora.source_crashed",
                 uri=redact_uri(uri),

@@ -27,6 +27,7 @@ from lorafleet.worker.lora.errors import (
     LoraSourceError,
     LoraUnavailableError,
     adapter_too_big,
+    is_local_disk_error,
 )
 from lorafleet.worker.lora.s3_errors import translate_s3_error
 
@@ -123,6 +124,8 @@ class S3Source:
         except LoraSourceError:
             raise
         except Exception as exc:
+            if is_local_disk_error(exc):
+                raise  # the cache's disk, not S3: the manager says so
             raise translate_s3_error(exc, uri, endpoint=self._endpoint()) from exc
 
     def _client_or_new(self, uri: str) -> Any:

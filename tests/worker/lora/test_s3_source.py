@@ -26,6 +26,7 @@ from lorafleet.worker.lora import (
 )
 from lorafleet.worker.lora.s3_source import S3Source
 from lorafleet.worker.lora.uri import cache_key
+from tests.faults import TcpProxy
 
 
 def _manager(tmp_path: Path) -> LoRAManager:
@@ -244,3 +245,29 @@ async def test_an_adapter_listed_over_the_size_bound_is_refused_before_any_get(
     assert f"{listed} > {listed - 1}" in str(refused.value)
     assert not [r for r in aws_env.requests() if r.startswith("GET") and "list-type" not in r]
     assert _cache_entries(tmp_path) == []
+
+
+async def test_s3_hanging_mid_download_times_out_naming_the_source_and_a_retry_works(
+    tmp_path: Path, aws_env: Any, upload: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TCP proxy before moto lets the listing and the config through, then holds every
+    byte once the weights are asked for: the server is up, the download just hangs."""
+    uri = upload("hangs")
+    proxy = await TcpProxy(int(aws_env.endpoint.rsplit(":", 1)[1])).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("DYN_LORA_DOWNLOAD_TIMEOUT_S", "2")
+    monkeypatch.setenv("DYN_LORA_PATH", str(tmp_path / "cache"))
+    manager = LoRAManager.from_env()
+    try:
+        proxy.stall_when_sent(b"adapter_model.safetensors")
+        with pytest.raises(LoraUnavailableError, match=r"source s3 timed out after 2\.0 s") as err:
+            await manager.download(uri)
+        assert proxy.was_stalled.is_set() and uri in str(err.value)
+        assert list((tmp_path / "cache" / ".tmp").iterdir()) == []  # the partial files went
+        assert _cache_entries(tmp_path) == []
+        proxy.restore()
+        path = await manager.download(uri)  # the slot was freed: a new download, not the hung one
+        assert manager.is_cached(uri) and path.name == cache_key(uri)
+    finally:
+        await proxy.aclose()  # ends the hung request in its thread (connection reset)
+        await manager.aclose()
