@@ -232,9 +232,12 @@ def test_metrics_after_traffic_hold_every_documented_series(
 
 
 def exported_names(text: str) -> set[str]:
-    """Every series name with a sample in a Prometheus text exposition; histograms also
-    under their family name."""
-    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+    """Every series name a Prometheus text exposition declares (``# TYPE``) or samples;
+    histograms also under their family name. A labelled family that no request has touched
+    yet (an alias's, a tenant's) is declared with no sample: it counts as exported."""
+    lines = text.splitlines()
+    names = {line.split("{")[0].split(" ")[0] for line in lines if line[:1] != "#"}
+    names |= {line.split(" ")[2] for line in lines if line.startswith("# TYPE ")}
     for name in list(names):
         for suffix in HISTOGRAM_SUFFIXES:
             if name.endswith(suffix):
