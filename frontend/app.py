@@ -52,6 +52,7 @@ from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
+from lorafleet.frontend.tenants import TenantGate
 from lorafleet.proto.errors import LorafleetError, error_code
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
@@ -123,11 +124,14 @@ async def _start_services(
     stack.push_async_callback(aliases.aclose)
     rollouts = await RolloutLoop.start(etcd, aliases, metrics)
     stack.push_async_callback(rollouts.aclose)
+    tenants = await TenantGate.start(etcd, config.namespace, metrics)
+    stack.push_async_callback(tenants.aclose)
     app.state.services = Services(
         plane=plane, registry=registry, desired=desired, loads=loads,
         adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
+        tenants=tenants,
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

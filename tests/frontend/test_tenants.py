@@ -1,0 +1,136 @@
+"""Tenants, API keys and quotas end to end: real etcd, NATS, one mocker worker, frontends on
+real ports, the real ``openai`` client.
+
+The mocker worker serves the base model ``demo``; tenants are told apart by the models
+they may use and by their limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import openai
+import pytest
+
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend.config import FrontendConfig
+from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
+from tests.processes import ServiceProcess
+
+pytestmark = pytest.mark.slow
+
+ADMIN = {"Authorization": "Bearer adm1n"}
+BODY = {"model": "demo", "prompt": "hello", "max_tokens": 2}
+
+
+@dataclasses.dataclass
+class Fleet:
+    frontends: list[RunningFrontend]
+
+    @property
+    def admin(self) -> httpx.AsyncClient:
+        return self.frontends[0].http
+
+    async def tenant(self, name: str, **fields: object) -> str:
+        """Create tenant ``name`` with ``fields`` and one key of it; the key."""
+        tenant = {"name": name, **fields}
+        response = await self.admin.post("/v1/tenants", json=tenant, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        response = await self.admin.post("/v1/keys", json={"tenant": name}, headers=ADMIN)
+        assert response.status_code == 201, response.text
+        return str(response.json()["key"])
+
+
+@pytest.fixture
+async def fleet(
+    etcd_url: str, nats_url: str, namespace: str, lora_workers: Callable[..., list[ServiceProcess]]
+) -> AsyncIterator[Fleet]:
+    """Two frontends (admin token ``adm1n``) and one mocker worker of ``demo``."""
+    await asyncio.to_thread(lora_workers, 1)
+    config = FrontendConfig(namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH,
+                            admin_token="adm1n")  # fmt: skip
+    async with run_frontend(config) as first, run_frontend(config) as second:
+        await wait_for_models(first, {"demo"}, timeout_s=90)
+        await wait_for_models(second, {"demo"}, timeout_s=90)
+        yield Fleet([first, second])
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_without_tenants_the_routes_stay_open(fleet: Fleet) -> None:
+    response = await fleet.frontends[0].http.post("/v1/completions", json=BODY)
+    assert response.status_code == 200, response.text
+    models = await fleet.frontends[1].http.get("/v1/models")
+    assert [m["id"] for m in models.json()["data"]] == ["demo"]
+
+
+async def test_a_key_is_needed_once_tenants_exist_and_a_foreign_model_does_not_exist(
+    fleet: Fleet,
+) -> None:
+    key = await fleet.tenant("team-b", models=["b-*"])
+    http = fleet.frontends[1].http
+    missing = await http.post("/v1/completions", json=BODY)
+    assert missing.status_code == 401, missing.text
+    wrong = await http.post("/v1/completions", json=BODY, headers=_bearer("lf-not-a-key"))
+    assert wrong.status_code == 401
+    denied = await http.post("/v1/completions", json=BODY, headers=_bearer(key))
+    assert denied.status_code == 404, denied.text
+    assert "does not exist" in denied.json()["error"]["message"]
+    assert denied.json()["error"]["message"].endswith("available models: none")  # no leak
+    listed = await http.get("/v1/models", headers=_bearer(key))
+    assert listed.json()["data"] == []
+    assert (await http.get("/v1/models/demo", headers=_bearer(key))).status_code == 404
+
+
+async def test_a_flooding_tenant_gets_429s_while_another_is_served(fleet: Fleet) -> None:
+    flooder = await fleet.tenant("flood", requests_per_s=2)
+    calm = await fleet.tenant("calm", models=["demo"])
+    http = fleet.frontends[0].http
+    flood = [http.post("/v1/completions", json=BODY, headers=_bearer(flooder)) for _ in range(40)]
+    steady = [http.post("/v1/completions", json=BODY, headers=_bearer(calm)) for _ in range(10)]
+    answers = await asyncio.gather(*flood, *steady)
+    refused = [r for r in answers[:40] if r.status_code == 429]
+    assert refused, [r.status_code for r in answers[:40]]
+    assert int(refused[0].headers["retry-after"]) >= 1
+    assert "requests_per_s=2" in refused[0].json()["error"]["message"]
+    assert [r.status_code for r in answers[40:]] == [200] * 10
+    client = openai.AsyncOpenAI(base_url=f"{fleet.frontends[1].url}/v1", api_key=calm)
+    completion = await client.completions.create(model="demo", prompt="hi", max_tokens=2)
+    assert completion.choices
+
+
+async def test_a_concurrency_cap_names_its_limit(fleet: Fleet) -> None:
+    key = await fleet.tenant("narrow", max_concurrent=1)
+    body = {**BODY, "max_tokens": 64}
+    http = fleet.frontends[0].http
+    answers = await asyncio.gather(
+        *(http.post("/v1/completions", json=body, headers=_bearer(key)) for _ in range(8))
+    )
+    statuses = [r.status_code for r in answers]
+    assert 200 in statuses and 429 in statuses, statuses
+    refused = next(r for r in answers if r.status_code == 429)
+    assert "max_concurrent=1" in refused.json()["error"]["message"]
+
+
+async def test_a_revoked_key_is_refused_on_every_frontend(fleet: Fleet) -> None:
+    key = await fleet.tenant("gone")
+    for frontend in fleet.frontends:
+        async with asyncio.timeout(10):  # the second frontend hears of the key by its watch
+            while (await frontend.http.get("/v1/models", headers=_bearer(key))).status_code != 200:
+                await asyncio.sleep(0.05)
+    key_id = (await fleet.admin.get("/v1/keys", headers=ADMIN)).json()["data"][0]["id"]
+    revoked = await fleet.admin.delete(f"/v1/keys/{key_id}", headers=ADMIN)
+    assert revoked.status_code == 204, revoked.text
+    for frontend in fleet.frontends:
+        gate = frontend.app.state.services.tenants
+        async with asyncio.timeout(10):
+            while any(view.id == key_id for view in gate.key_views()):
+                await asyncio.sleep(0.01)
+        response = await frontend.http.post("/v1/completions", json=BODY, headers=_bearer(key))
+        assert response.status_code == 401, response.text
