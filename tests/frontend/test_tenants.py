@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.cli import main as lorafleet
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
 from tests.processes import ServiceProcess
 
@@ -118,19 +120,33 @@ async def test_a_concurrency_cap_names_its_limit(fleet: Fleet) -> None:
     assert "max_concurrent=1" in refused.json()["error"]["message"]
 
 
-async def test_a_revoked_key_is_refused_on_every_frontend(fleet: Fleet) -> None:
-    key = await fleet.tenant("gone")
+async def test_a_revoked_key_is_refused_on_every_frontend(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Made, listed and revoked with the CLI on the first frontend; refused on both."""
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", "adm1n")
+    where = ["--frontend", fleet.frontends[0].url]
+    assert await _cli("tenants", "set", "gone", "--model", "demo", *where) == 0
+    assert await _cli("keys", "create", "gone", "--note", "ci", *where) == 0
+    key = capsys.readouterr().out.strip().splitlines()[-1]
+    assert key.startswith("lf-")
     for frontend in fleet.frontends:
         async with asyncio.timeout(10):  # the second frontend hears of the key by its watch
             while (await frontend.http.get("/v1/models", headers=_bearer(key))).status_code != 200:
                 await asyncio.sleep(0.05)
-    key_id = (await fleet.admin.get("/v1/keys", headers=ADMIN)).json()["data"][0]["id"]
-    revoked = await fleet.admin.delete(f"/v1/keys/{key_id}", headers=ADMIN)
-    assert revoked.status_code == 204, revoked.text
+    assert await _cli("keys", "list", "--json", *where) == 0
+    listed = json.loads(capsys.readouterr().out)["data"]
+    assert [(k["tenant"], k["note"]) for k in listed] == [("gone", "ci")]
+    assert key not in json.dumps(listed)  # only the hash's prefix is known
+    assert await _cli("keys", "revoke", listed[0]["id"], *where) == 0
     for frontend in fleet.frontends:
         gate = frontend.app.state.services.tenants
         async with asyncio.timeout(10):
-            while any(view.id == key_id for view in gate.key_views()):
+            while any(view.id == listed[0]["id"] for view in gate.key_views()):
                 await asyncio.sleep(0.01)
         response = await frontend.http.post("/v1/completions", json=BODY, headers=_bearer(key))
         assert response.status_code == 401, response.text
+
+
+async def _cli(*argv: str) -> int:
+    return await asyncio.to_thread(lorafleet, list(argv))
