@@ -59,7 +59,10 @@ from lorafleet.proto.tenants import (
     validate_tenant,
 )
 
-__all__ = ["Permit", "TenantGate"]
+__all__ = [
+    "Permit",
+    "TenantGate",
+]
 
 log = structlog.get_logger(__name__)
 

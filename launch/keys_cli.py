@@ -20,8 +20,14 @@ from lorafleet.launch.admin import admin_headers
 from lorafleet.launch.table import print_table
 from lorafleet.proto.tenants import ApiKeyRequest, Tenant
 
-__all__ = ["KEY_ACTIONS", "TENANT_ACTIONS", "add_key_flags", "add_tenant_flags", "keys_command",
-           "tenants_command"]  # fmt: skip
+__all__ = [
+    "KEY_ACTIONS",
+    "TENANT_ACTIONS",
+    "add_key_flags",
+    "add_tenant_flags",
+    "keys_command",
+    "tenants_command",
+]
 
 KEY_ACTIONS: Final = ("create", "list", "revoke")
 TENANT_ACTIONS: Final = ("set", "list", "delete")

@@ -150,3 +150,20 @@ async def test_a_revoked_key_is_refused_on_every_frontend(
 
 async def _cli(*argv: str) -> int:
     return await asyncio.to_thread(lorafleet, list(argv))
+
+
+async def test_a_token_rate_counts_prompt_and_completion(fleet: Fleet) -> None:
+    key = await fleet.tenant("wordy", tokens_per_min=20)  # 10 a minute on each of 2 frontends
+    http = fleet.frontends[0].http
+    first = await http.post("/v1/completions", json={**BODY, "max_tokens": 16},
+                            headers=_bearer(key))  # fmt: skip
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"]["total_tokens"] > 10
+    second = await http.post("/v1/completions", json=BODY, headers=_bearer(key))
+    assert second.status_code == 429, second.text
+    assert "tokens_per_min=20" in second.json()["error"]["message"]
+    assert int(second.headers["retry-after"]) >= 1
+    metrics = (await http.get("/metrics")).text
+    refusals = 'lorafleet_frontend_tenant_refusals_total{limit="tokens_per_min",tenant="wordy"} 1.0'
+    assert refusals in metrics
+    assert 'lorafleet_frontend_tenant_tokens_total{tenant="wordy"}' in metrics
