@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import openai
 import pytest
+import structlog.testing
 
 from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend import access_log
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.launch.cli import main as lorafleet
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
@@ -167,3 +169,24 @@ async def test_a_token_rate_counts_prompt_and_completion(fleet: Fleet) -> None:
     refusals = 'lorafleet_frontend_tenant_refusals_total{limit="tokens_per_min",tenant="wordy"} 1.0'
     assert refusals in metrics
     assert 'lorafleet_frontend_tenant_tokens_total{tenant="wordy"}' in metrics
+
+
+async def test_the_access_line_names_the_tenant_never_the_key(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = structlog.testing.LogCapture()  # the tests' log level hides access lines
+    logger = structlog.wrap_logger(
+        None, processors=[capture], wrapper_class=structlog.make_filtering_bound_logger(0)
+    )
+    monkeypatch.setattr(access_log, "log", logger)
+    key = await fleet.tenant("logged")
+    response = await fleet.frontends[0].http.post(
+        "/v1/completions", json=BODY, headers=_bearer(key)
+    )
+    assert response.status_code == 200, response.text
+    async with asyncio.timeout(10):  # the line is written just after the answer left
+        while not any(line["route"] == "/v1/completions" for line in capture.entries):
+            await asyncio.sleep(0.01)
+    access = [line for line in capture.entries if line["route"] == "/v1/completions"]
+    assert [line["tenant"] for line in access] == ["logged"]
+    assert key not in repr(capture.entries)
