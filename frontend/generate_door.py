@@ -44,7 +44,7 @@ from lorafleet.frontend.request_body import (
     read_body,
 )
 from lorafleet.frontend.services import services_of
-from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.errors import LorafleetError, RateLimitedError
 
 __all__ = ["GenerateDoor"]
 
@@ -86,14 +86,15 @@ class GenerateDoor:
     async def _answer(
         self, route: GenerateRoute[Any], scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
-        """Identify the caller's tenant, read, decode, admit and generate; send the answer
+        """Read, identify the caller's tenant, decode, admit and generate; send the answer
         or the error in OpenAI's shape."""
         services = services_of(self._state)
         record = current_record()
         try:
+            body = await read_body(scope, bounded_receive(receive, self._body_timeout_s))
+            # identified after the body, so that a refusal leaves the connection usable
             tenant = services.tenants.identify(_authorization(scope))
             record.tenant = "" if tenant is None else tenant.name
-            body = await read_body(scope, bounded_receive(receive, self._body_timeout_s))
             data: Any = decode_json(body, route.body_type)
             permit = services.tenants.admit(tenant, data.model, services.registry.names)
         except LorafleetError as exc:
@@ -101,7 +102,7 @@ class GenerateDoor:
             metrics: FrontendMetrics = self._state.metrics
             metrics.rejected(route.shape.endpoint, status, exc.code)
             await _send_json(send, status, error, close=leaves_body_unread(exc),
-                             retry_after_s=getattr(exc, "retry_after_s", None))  # fmt: skip
+                             retry_after_s=_retry_after_s(exc))  # fmt: skip
             return
         status = 500
         try:
@@ -133,6 +134,11 @@ class GenerateDoor:
         else:
             await _send_json(send, 200, answer)
         return 200
+
+
+def _retry_after_s(exc: LorafleetError) -> int | None:
+    """The ``Retry-After`` of a tenant over a limit; None for any other error."""
+    return exc.retry_after_s if isinstance(exc, RateLimitedError) else None
 
 
 def _authorization(scope: HTTPScope) -> str | None:
