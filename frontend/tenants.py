@@ -56,7 +56,6 @@ from lorafleet.proto.tenants import (
     key_hash,
     key_id,
     may_use,
-    validate_tenant,
 )
 
 __all__ = [
@@ -198,7 +197,7 @@ class TenantGate:
         """The tenant's quota, rebuilt when its limits or the number of frontends change."""
         quota = self._quotas.get(tenant.name)
         share = self.share
-        if quota is None or quota.tenant is not tenant or quota.share != share:
+        if quota is None or quota.tenant != tenant or quota.share != share:
             fresh = TenantQuota(tenant, share)
             fresh.inflight = 0 if quota is None else quota.inflight
             self._quotas[tenant.name] = quota = fresh
@@ -212,7 +211,6 @@ class TenantGate:
 
     async def put_tenant(self, tenant: Tenant) -> Tenant:
         """Create or replace a tenant."""
-        validate_tenant(tenant)
         key = tenant_key(self.namespace, tenant.name)
         with self._etcd.errors("put", key):
             await self._etcd.put(key.encode(), msgspec.json.encode(tenant))

@@ -161,7 +161,6 @@ from lorafleet.proto.tenants import (
     key_hash,
     key_id,
     may_use,
-    validate_tenant,
 )
 from lorafleet.proto.uris import (
     is_scheme_name,
@@ -341,7 +340,6 @@ __all__ = [
     "validate_alias_shape",
     "validate_lora_name",
     "validate_policy",
-    "validate_tenant",
     "vllm_already_loaded",
     "vllm_error",
     "vllm_error_for_code",

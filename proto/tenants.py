@@ -16,8 +16,6 @@ from typing import Annotated, Final
 
 import msgspec
 
-from lorafleet.proto.errors import InvalidRequestError
-
 __all__ = [
     "API_KEY_PREFIX",
     "ApiKeyCreated",
@@ -35,7 +33,6 @@ __all__ = [
     "key_hash",
     "key_id",
     "may_use",
-    "validate_tenant",
 ]
 
 API_KEY_PREFIX: Final = "lf-"
@@ -44,6 +41,8 @@ KEY_ID_CHARS: Final = 12
 """How many hex digits of a key's hash name it in lists and ``revoke`` (never the key)."""
 
 TenantName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+ModelPattern = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+MAX_PATTERNS: Final = 256
 
 
 class Tenant(msgspec.Struct, kw_only=True, frozen=True):
@@ -53,7 +52,9 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
     """
 
     name: TenantName
-    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    models: Annotated[list[ModelPattern], msgspec.Meta(min_length=1, max_length=MAX_PATTERNS)] = (
+        msgspec.field(default_factory=lambda: ["*"])
+    )
     requests_per_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     tokens_per_min: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Prompt plus completion tokens per minute."""
@@ -128,15 +129,6 @@ def key_id(hashed: str) -> str:
 def may_use(tenant: Tenant, model: str) -> bool:
     """True when one of the tenant's patterns matches ``model`` (case-sensitive)."""
     return any(fnmatch.fnmatchcase(model, pattern) for pattern in tenant.models)
-
-
-def validate_tenant(tenant: Tenant) -> None:
-    """Raise ``InvalidRequestError`` for a tenant no request could use."""
-    if not tenant.models or any(not pattern for pattern in tenant.models):
-        raise InvalidRequestError(
-            f"tenant {tenant.name!r}: 'models' needs at least one non-empty pattern ('*': all)",
-            param="models",
-        )
 
 
 _tenant_decoder: Final = msgspec.json.Decoder(Tenant)

@@ -68,6 +68,8 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 async def test_without_tenants_the_routes_stay_open(fleet: Fleet) -> None:
+    bad = await fleet.admin.post("/v1/tenants", json={"name": "x", "models": []}, headers=ADMIN)
+    assert bad.status_code == 400 and "models" in bad.text  # and nothing stored:
     response = await fleet.frontends[0].http.post("/v1/completions", json=BODY)
     assert response.status_code == 200, response.text
     models = await fleet.frontends[1].http.get("/v1/models")
