@@ -67,8 +67,6 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-PRESENCE_LEASE_TTL_S: Final = 10
-"""A frontend that dies still counts this long in the others' shares (they enforce less)."""
 CACHE_SYNC_TIMEOUT_S: Final = 5.0
 KEY_BYTES: Final = 32
 _BEARER: Final = "Bearer "
@@ -99,7 +97,7 @@ class TenantGate:
     def __init__(
         self, etcd: EtcdClient, namespace: str, metrics: FrontendMetrics, *,
         tenants: WatchCache[Tenant], keys: WatchCache[ApiKeyRecord],
-        frontends: WatchCache[FrontendPresence], lease: LeaseKeeper,
+        frontends: WatchCache[FrontendPresence],
     ) -> None:  # fmt: skip
         self._etcd = etcd
         self.namespace = namespace
@@ -107,29 +105,28 @@ class TenantGate:
         self._tenants = tenants
         self._keys = keys
         self._frontends = frontends
-        self._lease = lease
         self._quotas: dict[str, TenantQuota] = {}
 
     @classmethod
-    async def start(cls, etcd: EtcdClient, namespace: str, metrics: FrontendMetrics) -> TenantGate:
-        """Follow tenants, keys and frontends, and mark this frontend live under a lease."""
+    async def start(
+        cls, etcd: EtcdClient, namespace: str, lease: LeaseKeeper, metrics: FrontendMetrics
+    ) -> TenantGate:
+        """Follow tenants, keys and frontends, and mark this frontend live under ``lease``
+        (the frontend's; its owner revokes it, and the mark goes with it)."""
         tenants = await WatchCache.start(etcd, tenants_prefix(namespace), decode_tenant)
         keys = await WatchCache.start(etcd, api_keys_prefix(namespace), decode_api_key)
         frontends = await WatchCache.start(etcd, frontends_prefix(namespace), decode_presence)
-        lease = await LeaseKeeper.grant(etcd, PRESENCE_LEASE_TTL_S)
         presence = FrontendPresence(started=int(time.time()))
         await lease.put(frontend_key(namespace, os.urandom(6).hex()), msgspec.json.encode(presence))
-        gate = cls(etcd, namespace, metrics, tenants=tenants, keys=keys, frontends=frontends,
-                   lease=lease)  # fmt: skip
+        gate = cls(etcd, namespace, metrics, tenants=tenants, keys=keys, frontends=frontends)
         if not gate.keyed:
             log.warning("no tenant or API key exists: the OpenAI routes are open to anyone")
         return gate
 
     async def aclose(self) -> None:
-        """Stop following etcd and revoke the presence lease."""
+        """Stop following etcd."""
         for cache in (self._tenants, self._keys, self._frontends):
             await cache.aclose()
-        await self._lease.aclose()
 
     @property
     def keyed(self) -> bool:

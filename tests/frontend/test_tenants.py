@@ -52,8 +52,9 @@ class Fleet:
 async def fleet(
     etcd_url: str, nats_url: str, namespace: str, lora_workers: Callable[..., list[ServiceProcess]]
 ) -> AsyncIterator[Fleet]:
-    """Two frontends (admin token ``adm1n``) and one mocker worker of ``demo``."""
-    await asyncio.to_thread(lora_workers, 1)
+    """Two frontends (admin token ``adm1n``) and one mocker worker of ``demo`` at 10 ms a
+    token, so that requests overlap where a test needs them to."""
+    await asyncio.to_thread(lora_workers, 1, "--engine-option", "time_per_token_s=0.01")
     config = FrontendConfig(namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url),
                             nats_server=nats_url, dispatch=FAST_DISPATCH,
                             admin_token="adm1n")  # fmt: skip
