@@ -46,10 +46,15 @@ def complete_stream(response: HttpResponse) -> bool:
     return response.status == 200 and body.endswith(_DONE) and b'{"error"' not in body
 
 
-def build_request(method: str, host: str, port: int, path: str, body: object = None) -> bytes:
-    """The bytes of one keep-alive request (JSON body when ``body`` is not None)."""
+def build_request(
+    method: str, host: str, port: int, path: str, body: object = None, *, bearer: str = ""
+) -> bytes:
+    """The bytes of one keep-alive request (JSON body when ``body`` is not None; an
+    ``Authorization: Bearer`` header when ``bearer`` is given)."""
     payload = b"" if body is None else msgspec.json.encode(body)
     head = f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n"
+    if bearer:
+        head += f"Authorization: Bearer {bearer}\r\n"
     if body is not None:
         head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
     return head.encode() + b"\r\n" + payload

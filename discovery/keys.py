@@ -11,19 +11,26 @@ from typing import Final
 __all__ = [
     "ADAPTERS_ROOT",
     "ALIASES_ROOT",
+    "API_KEYS_ROOT",
     "DEFAULT_NAMESPACE",
+    "FRONTENDS_ROOT",
     "INSTANCES_ROOT",
     "KEYS_ROOT",
     "LOAD_ROOT",
     "MDC_ROOT",
     "ROLLOUTS_ROOT",
+    "TENANTS_ROOT",
     "adapter_key",
     "adapters_prefix",
     "alias_key",
     "aliases_prefix",
+    "api_key_key",
+    "api_keys_prefix",
     "base_card_key",
     "card_prefix",
     "endpoint_path",
+    "frontend_key",
+    "frontends_prefix",
     "instance_key",
     "instance_prefix",
     "load_key",
@@ -34,6 +41,8 @@ __all__ = [
     "parse_load_key",
     "rollout_report_key",
     "rollout_reports_prefix",
+    "tenant_key",
+    "tenants_prefix",
 ]
 
 DEFAULT_NAMESPACE: Final = "lorafleet"
@@ -46,6 +55,9 @@ ADAPTERS_ROOT: Final = "v1/adapters/"
 LOAD_ROOT: Final = "v1/load/"
 ALIASES_ROOT: Final = "v1/aliases/"
 ROLLOUTS_ROOT: Final = "v1/rollouts/"
+TENANTS_ROOT: Final = "v1/tenants/"
+API_KEYS_ROOT: Final = "v1/keys/"
+FRONTENDS_ROOT: Final = "v1/frontends/"
 
 
 def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
@@ -112,6 +124,36 @@ def rollout_reports_prefix(namespace: str, slug: str) -> str:
 def rollout_report_key(namespace: str, slug: str, frontend_id: str) -> str:
     """Key of one frontend's window report of one alias (under that frontend's lease)."""
     return f"{rollout_reports_prefix(namespace, slug)}{frontend_id}"
+
+
+def tenants_prefix(namespace: str) -> str:
+    """Prefix of the tenants (desired state) in a namespace."""
+    return f"{TENANTS_ROOT}{namespace}/"
+
+
+def tenant_key(namespace: str, name: str) -> str:
+    """Key of one tenant: its model patterns and limits (persistent, no lease)."""
+    return f"{tenants_prefix(namespace)}{name}"
+
+
+def api_keys_prefix(namespace: str) -> str:
+    """Prefix of the API key records in a namespace."""
+    return f"{API_KEYS_ROOT}{namespace}/"
+
+
+def api_key_key(namespace: str, key_hash: str) -> str:
+    """Key of one API key's record, named by the key's sha256 (the key is never stored)."""
+    return f"{api_keys_prefix(namespace)}{key_hash}"
+
+
+def frontends_prefix(namespace: str) -> str:
+    """Prefix of the live frontends' presence records in a namespace."""
+    return f"{FRONTENDS_ROOT}{namespace}/"
+
+
+def frontend_key(namespace: str, frontend_id: str) -> str:
+    """Key of one frontend's presence record (under that frontend's lease)."""
+    return f"{frontends_prefix(namespace)}{frontend_id}"
 
 
 def load_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:

@@ -59,6 +59,9 @@ class RequestRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     session: str = ""
+    tenant: str = ""
+    """The caller's tenant when API keys are in use (the key itself is never logged)."""
+    first_token_s: float | None = None
     """The client's ``x-session-id`` header (cut to ``MAX_REQUEST_ID_CHARS``), if any."""
     status: int | None = None
     """The status to log instead of the one sent: 499 for a stream whose client hung up
@@ -139,5 +142,5 @@ def _log_access(scope: HTTPScope, record: RequestRecord, status: int, duration_s
     log.info(
         "access", method=scope["method"], route=scope["path"], model=record.model,
         status=status, duration_s=round(duration_s, 4), prompt_tokens=record.prompt_tokens,
-        completion_tokens=record.completion_tokens,
+        completion_tokens=record.completion_tokens, tenant=record.tenant,
     )  # fmt: skip

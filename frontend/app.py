@@ -15,7 +15,7 @@ import gc
 import os
 import signal
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import structlog
 from litestar import Litestar, Request, Response
@@ -25,6 +25,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
 from lorafleet.discovery.connect import wait_for_etcd, wait_for_nats
+from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.discovery.startup import unless_stopped
 from lorafleet.frontend.access_log import AccessLogMiddleware
@@ -52,12 +53,18 @@ from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
+from lorafleet.frontend.tenants import TenantGate
 from lorafleet.proto.errors import LorafleetError, error_code
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
 
 __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
+
+FRONTEND_LEASE_TTL_S: Final = 10
+"""This frontend's lease: its rollout window reports and its presence record
+(``frontend.tenants``). A frontend that dies still counts this long in the others' shares
+of tenants' limits, so they enforce less than their share meanwhile."""
 
 
 @contextlib.asynccontextmanager
@@ -122,13 +129,18 @@ async def _start_services(
     )  # fmt: skip
     aliases = await AliasBook.start(etcd, config.namespace)
     stack.push_async_callback(aliases.aclose)
-    rollouts = await RolloutLoop.start(etcd, aliases, metrics)
+    lease = await LeaseKeeper.grant(etcd, FRONTEND_LEASE_TTL_S)
+    stack.push_async_callback(lease.aclose)  # one revoke: a hung etcd costs one time-out
+    rollouts = await RolloutLoop.start(etcd, aliases, lease, metrics)
     stack.push_async_callback(rollouts.aclose)
+    tenants = await TenantGate.start(etcd, config.namespace, lease, metrics)
+    stack.push_async_callback(tenants.aclose)
     app.state.services = Services(
         plane=plane, registry=registry, desired=desired, loads=loads,
         adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
+        tenants=tenants,
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

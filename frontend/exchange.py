@@ -94,6 +94,7 @@ class Exchange:
         """Count the time to the first token, which came at ``at`` (``perf_counter``; now)."""
         seconds = (time.perf_counter() if at is None else at) - self.started
         self.metrics.first_token_after(self.label, self.shape.endpoint, seconds)
+        self.record.first_token_s = seconds
         if self.alias is not None:
             self.alias.first_token(seconds)
 

@@ -31,7 +31,7 @@ from litestar.types import (
     Send,
 )
 
-from lorafleet.frontend.access_log import logged
+from lorafleet.frontend.access_log import current_record, logged
 from lorafleet.frontend.errors import openai_error, unexpected_error
 from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
@@ -44,7 +44,7 @@ from lorafleet.frontend.request_body import (
     read_body,
 )
 from lorafleet.frontend.services import services_of
-from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.errors import LorafleetError, RateLimitedError
 
 __all__ = ["GenerateDoor"]
 
@@ -86,25 +86,46 @@ class GenerateDoor:
     async def _answer(
         self, route: GenerateRoute[Any], scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
-        """Read, decode and generate; send the answer or the error in OpenAI's shape."""
+        """Read, identify the caller's tenant, decode, admit and generate; send the answer
+        or the error in OpenAI's shape."""
+        services = services_of(self._state)
+        record = current_record()
         try:
             body = await read_body(scope, bounded_receive(receive, self._body_timeout_s))
+            # identified after the body, so that a refusal leaves the connection usable
+            tenant = services.tenants.identify(_authorization(scope))
+            record.tenant = "" if tenant is None else tenant.name
             data: Any = decode_json(body, route.body_type)
+            permit = services.tenants.admit(tenant, data.model, services.registry.names)
         except LorafleetError as exc:
             status, error = openai_error(exc)
             metrics: FrontendMetrics = self._state.metrics
             metrics.rejected(route.shape.endpoint, status, exc.code)
-            await _send_json(send, status, error, close=leaves_body_unread(exc))
+            await _send_json(send, status, error, close=leaves_body_unread(exc),
+                             retry_after_s=_retry_after_s(exc))  # fmt: skip
             return
+        status = 500
+        try:
+            status = await self._generate(route, data, scope, receive, send)
+        finally:
+            permit.release(record, record.status or status)
+
+    async def _generate(
+        self, route: GenerateRoute[Any], data: Any, scope: HTTPScope, receive: Receive,
+        send: Send,
+    ) -> int:  # fmt: skip
+        """Generate ``data``'s answer and send it; the status sent."""
         generation = services_of(self._state).generation
         try:
             answer = await generation.generate(data, route.shape, route.to_generate, receive)
         except LorafleetError as exc:
-            await _send_json(send, *openai_error(exc))
-            return
+            status, error = openai_error(exc)
+            await _send_json(send, status, error)
+            return status
         except Exception as exc:
-            await _send_json(send, *unexpected_error(exc, scope["path"]))
-            return
+            status, error = unexpected_error(exc, scope["path"])
+            await _send_json(send, status, error)
+            return status
         if isinstance(answer, SseAnswer):
             stream = ASGIStreamingResponse(
                 iterator=answer, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS
@@ -112,14 +133,34 @@ class GenerateDoor:
             await stream(scope, receive, send)
         else:
             await _send_json(send, 200, answer)
+        return 200
 
 
-async def _send_json(send: Send, status: int, body: msgspec.Struct, close: bool = False) -> None:
-    """Send ``body`` as JSON with ``status``; ``close``: the connection ends after it."""
+def _retry_after_s(exc: LorafleetError) -> int | None:
+    """The ``Retry-After`` of a tenant over a limit; None for any other error."""
+    return exc.retry_after_s if isinstance(exc, RateLimitedError) else None
+
+
+def _authorization(scope: HTTPScope) -> str | None:
+    """The request's ``Authorization`` header, if any."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return value.decode("latin-1")
+    return None
+
+
+async def _send_json(
+    send: Send, status: int, body: msgspec.Struct, close: bool = False,
+    retry_after_s: int | None = None,
+) -> None:  # fmt: skip
+    """Send ``body`` as JSON with ``status``; ``close``: the connection ends after it;
+    ``retry_after_s``: a ``Retry-After`` header (a tenant over a limit)."""
     encoded = _encoder.encode(body)
     headers = [_JSON_HEADERS, (b"content-length", str(len(encoded)).encode())]
     if close:
         headers.append(_CLOSE)
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     start: HTTPResponseStartEvent = {
         "type": "http.response.start", "status": status, "headers": headers
     }  # fmt: skip

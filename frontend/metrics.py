@@ -1,5 +1,6 @@
 """Prometheus metrics of one frontend: requests, errors, latencies, migrations, on-demand loads,
-and each alias version's requests, errors and TTFT.
+each alias version's requests, errors and TTFT, and each tenant's requests, tokens,
+refusals and TTFT.
 
 Each frontend app owns its own ``CollectorRegistry``, so several apps can live
 in one process (tests). Labels are the served model name (``""`` for a name
@@ -78,6 +79,24 @@ class FrontendMetrics:
             "Time to the first token of requests to an alias, by version",
             ["alias", "version"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self.tenant_requests = Counter(
+            "lorafleet_frontend_tenant_requests", "Admitted requests of a tenant, by status",
+            ["tenant", "status"], registry=self.registry,
+        )  # fmt: skip
+        self.tenant_tokens = Counter(
+            "lorafleet_frontend_tenant_tokens", "Prompt plus completion tokens of a tenant",
+            ["tenant"], registry=self.registry,
+        )  # fmt: skip
+        self.tenant_refusals = Counter(
+            "lorafleet_frontend_tenant_refusals",
+            "Requests of a tenant refused, by the limit hit (429) or 'model' (404)",
+            ["tenant", "limit"], registry=self.registry,
+        )  # fmt: skip
+        self.tenant_first_token = Histogram(
+            "lorafleet_frontend_tenant_time_to_first_token_seconds",
+            "Time to the first token of a tenant's requests",
+            ["tenant"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
         self.build_info = Gauge(
             "lorafleet_build_info", "Always 1; the labels say which lorafleet runs",
             ["version", "python_version", "component"], registry=self.registry,
@@ -137,6 +156,18 @@ class FrontendMetrics:
         self._child(self.alias_requests, alias, version, "error" if failed else "ok").inc()
         if ttft_s is not None:
             self._child(self.alias_first_token, alias, version).observe(ttft_s)
+
+    def tenant_answered(self, tenant: str, status: int, tokens: int, ttft_s: float | None) -> None:
+        """Count one ended request of ``tenant``: its status, tokens and TTFT."""
+        self._child(self.tenant_requests, tenant, str(status)).inc()
+        if tokens:
+            self._child(self.tenant_tokens, tenant).inc(tokens)
+        if ttft_s is not None:
+            self._child(self.tenant_first_token, tenant).observe(ttft_s)
+
+    def tenant_refused(self, tenant: str, limit: str) -> None:
+        """Count one request of ``tenant`` refused by ``limit`` (or ``model``)."""
+        self._child(self.tenant_refusals, tenant, limit).inc()
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

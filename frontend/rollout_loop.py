@@ -38,7 +38,6 @@ TICK_S: Final = 0.2
 """How often a frontend publishes ended windows and looks for windows to judge."""
 GRACE_S: Final = 0.5
 """How long after a window ends it is judged: every frontend has published it by then."""
-REPORT_LEASE_TTL_S: Final = 10
 CLIENT_GONE_STATUS: Final = 499
 VERSION_FAULTS: Final = frozenset({404, 424})
 """Statuses below 500 that are the version's fault, not the client's: the client named the
@@ -94,21 +93,19 @@ class RolloutLoop:
 
     @classmethod
     async def start(
-        cls, etcd: EtcdClient, book: AliasBook, metrics: FrontendMetrics
+        cls, etcd: EtcdClient, book: AliasBook, lease: LeaseKeeper, metrics: FrontendMetrics
     ) -> RolloutLoop:
-        """Grant this frontend's report lease and start judging."""
-        lease = await LeaseKeeper.grant(etcd, REPORT_LEASE_TTL_S)
+        """Start judging; reports go under ``lease``, this frontend's (its owner revokes it)."""
         loop = cls(etcd, book, lease, metrics)
         loop._task = asyncio.create_task(loop._judge_loop(), name="rollout-judge")
         return loop
 
     async def aclose(self) -> None:
-        """Stop judging and revoke the lease (its reports go with it)."""
+        """Stop judging (the reports go when the frontend's lease is revoked)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._lease.aclose()
 
     def pick(self, name: str, session: str) -> AliasCall | None:
         """The version a request for ``name`` goes to, tracked; None when ``name`` is no alias.

@@ -22,6 +22,7 @@ from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
+from lorafleet.frontend.tenants import TenantGate
 
 __all__ = ["Services", "services_of"]
 
@@ -45,6 +46,8 @@ class Services:
     aliases: AliasBook
     """The fleet's aliases (``v1/aliases/``): read, split, written with a compare-and-swap."""
     alias_checks: AliasChecks
+    tenants: TenantGate
+    """API keys, tenants and this frontend's share of their limits."""
 
 
 def services_of(state: State) -> Services:

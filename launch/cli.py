@@ -18,6 +18,12 @@ from lorafleet.discovery.settings import DEFAULT_ETCD_ENDPOINTS, EtcdSettings
 from lorafleet.launch.alias_cli import ALIAS_ACTIONS, add_alias_flags, alias_command
 from lorafleet.launch.cluster_state import ClusterState, read_state
 from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S
+from lorafleet.launch.keys_cli import (
+    add_key_flags,
+    add_tenant_flags,
+    keys_command,
+    tenants_command,
+)
 from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
@@ -46,6 +52,12 @@ def _parser() -> argparse.ArgumentParser:
         commands, "lora",
         "load, unload or list adapters on workers; apply or delete the fleet's desired state",
     ))  # fmt: skip
+    keys = _command(commands, "keys", "create, list or revoke the API keys of tenants")
+    add_key_flags(keys)
+    _cluster_flags(keys, etcd=False)
+    tenants = _command(commands, "tenants", "set, list or delete tenants: models and limits")
+    add_tenant_flags(tenants)
+    _cluster_flags(tenants, etcd=False)
     models = _command(commands, "models", "list the models a frontend serves")
     _cluster_flags(models, etcd=False)
     status = _command(commands, "status", "the cluster at a glance: servers, workers, adapters")
@@ -230,6 +242,10 @@ def _dispatch(argv: list[str]) -> int:
     _resolve_cluster(args)
     if args.command == "lora":
         return _lora(args)
+    if args.command == "keys":
+        return keys_command(args)
+    if args.command == "tenants":
+        return tenants_command(args)
     if args.command == "status":
         from lorafleet.launch.status import print_status
 

@@ -27,11 +27,13 @@ __all__ = [
     "CapacityError",
     "ConflictError",
     "ErrorInfo",
+    "ForbiddenError",
     "HTTP_STATUS_BY_CODE",
     "InvalidRequestError",
     "LorafleetError",
     "NatsUnavailableError",
     "NotFoundError",
+    "RateLimitedError",
     "ShuttingDownError",
     "UnauthorizedError",
     "UnavailableError",
@@ -100,6 +102,22 @@ class CapacityError(LorafleetError):
     code: ClassVar[str] = "capacity"
 
 
+class RateLimitedError(LorafleetError):
+    """A tenant is over one of its limits; ``retry_after_s`` says when to try again."""
+
+    code: ClassVar[str] = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.retry_after_s = retry_after_s
+
+
+class ForbiddenError(LorafleetError):
+    """A known caller asked for something its tenant may not do."""
+
+    code: ClassVar[str] = "forbidden"
+
+
 class UnavailableError(LorafleetError):
     """A dependency (etcd, NATS, a live instance) cannot be reached right now."""
 
@@ -140,6 +158,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
         NotFoundError,
         ConflictError,
         CapacityError,
+        ForbiddenError,
         UnavailableError,
         NatsUnavailableError,
         UpstreamError,
@@ -156,6 +175,8 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "payload_too_large": 413,  # a request bigger than NATS carries (frontend.errors)
     "shutting_down": 503,
     "capacity": 429,
+    "rate_limited": 429,  # a tenant over its request, token or concurrency limit
+    "forbidden": 403,
     "adapter_load_failed": 424,  # the adapter's load failed; retrying at once cannot help
     "internal_error": 500,
     "upstream_error": 502,

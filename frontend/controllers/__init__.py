@@ -8,6 +8,7 @@ from lorafleet.frontend.controllers.chat import ChatCompletionsController
 from lorafleet.frontend.controllers.completions import CompletionsController
 from lorafleet.frontend.controllers.models import ModelsController
 from lorafleet.frontend.controllers.system import SystemController
+from lorafleet.frontend.controllers.tenants import KeysController, TenantsController
 from lorafleet.frontend.controllers.vllm_lora import VllmLoraController
 
 __all__ = [
@@ -16,14 +17,17 @@ __all__ = [
     "CONTROLLERS",
     "ChatCompletionsController",
     "CompletionsController",
+    "KeysController",
     "ModelsController",
     "RolloutsController",
     "SystemController",
+    "TenantsController",
     "VllmLoraController",
 ]
 
 CONTROLLERS: Final = (
     AdaptersController, ChatCompletionsController, CompletionsController, ModelsController,
     SystemController, VllmLoraController, AliasesController, RolloutsController,
+    TenantsController, KeysController,
 )  # fmt: skip
 """Every controller, as the app mounts them."""

@@ -12,20 +12,22 @@ a GET of 10,000 entries sends bytes already made instead of building and encodin
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import msgspec
-from litestar import Controller, MediaType, Response, get
+from litestar import Controller, MediaType, Request, Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from lorafleet.frontend.adapter_states import AdapterStates
 from lorafleet.frontend.controllers._responses import MODEL_ERRORS
+from lorafleet.frontend.errors import ModelNotFoundError
 from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.frontend.resolver import ColdAdapter
 from lorafleet.frontend.services import Services
 from lorafleet.proto.aliases import Alias, AliasModelObject
 from lorafleet.proto.openai import ModelList, ModelObject, ModelStatus
+from lorafleet.proto.tenants import Tenant, may_use
 from lorafleet.proto.uris import public_uri
 
 __all__ = ["ModelsController", "alias_model_object", "cold_model_object", "model_object"]
@@ -86,12 +88,18 @@ class ModelsController(Controller):
     tags = ["models"]
 
     @get("/", operation_id="listModels", summary="List served models")
-    async def list_models(self, services: NamedDependency[Services]) -> Response[ModelList]:
-        """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base."""
+    async def list_models(
+        self, request: Request[Any, Any, Any], services: NamedDependency[Services]
+    ) -> Response[ModelList]:
+        """Every served name and cold adapter, sorted; an adapter's ``parent`` is its base.
+
+        With API keys in use, only the names the caller's tenant may use."""
+        tenant = _tenant(request, services)
         resolver = services.resolver
         cold = resolver.cold()
         aliases = services.aliases.aliases()
-        if not cold and not aliases:  # the usual case: the registry's pre-encoded entries
+        # the usual case: the registry's pre-encoded entries
+        if not cold and not aliases and tenant is None:
             body = resolver.registry.joined(_encoded_model_object, head=_BODY_HEAD, tail=_BODY_TAIL)
             # bytes are sent as they are: the body is an encoded ModelList
             return cast("Response[ModelList]", Response(body, media_type=MediaType.JSON))
@@ -99,6 +107,8 @@ class ModelsController(Controller):
         entries += [cold_model_object(adapter, services.adapters) for adapter in cold]
         entries += [alias_model_object(alias, resolver.registry) for alias in aliases]
         entries.sort(key=lambda entry: entry.id)
+        if tenant is not None:
+            entries = [entry for entry in entries if may_use(tenant, entry.id)]
         return Response(ModelList(data=entries))
 
     @get(
@@ -108,10 +118,16 @@ class ModelsController(Controller):
         responses=MODEL_ERRORS,
     )
     async def retrieve_model(
-        self, model_id: FromPath[str], services: NamedDependency[Services]
-    ) -> ModelObject:
-        """One served model or cold adapter by name (names may contain ``/``)."""
+        self, request: Request[Any, Any, Any], model_id: FromPath[str],
+        services: NamedDependency[Services],
+    ) -> ModelObject:  # fmt: skip
+        """One served model or cold adapter by name (names may contain ``/``); with API keys
+        in use, a name the caller's tenant may not use does not exist."""
         name = model_id.lstrip("/")
+        tenant = _tenant(request, services)
+        if tenant is not None and not may_use(tenant, name):
+            names = services.resolver.registry.names()
+            raise ModelNotFoundError(name, services.tenants.visible(tenant, names))
         served = services.resolver.registry.get(name)
         if served is not None:
             return model_object(served)
@@ -122,3 +138,8 @@ class ModelsController(Controller):
         if alias is not None:
             return alias_model_object(alias, services.resolver.registry)
         raise services.resolver.not_found(name)
+
+
+def _tenant(request: Request[Any, Any, Any], services: Services) -> Tenant | None:
+    """The caller's tenant (None while no API key exists); 401 without a valid key."""
+    return services.tenants.identify(request.headers.get("authorization"))

@@ -151,3 +151,14 @@ def test_rollout_rolls_a_bad_canary_back_and_switches_versions_without_errors(
     assert canary["bad_requests_failed"] > 0
     assert switch["failed"] == 0 and switch["answers_neither_version"] == 0
     assert switch["requests"] > 0
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_tenants_refuses_the_flooder_and_serves_the_others(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "tenants", "--duration-s", "2", "--rate", "4", "--quota", "4")
+    phases = result["results"]
+    assert set(phases) == {"open", "keys", "flood"}
+    flood = phases["flood"]["tenants"]
+    assert flood["c"]["refused_429"] > 0
+    assert flood["a"]["errors"] == flood["b"]["errors"] == 0
+    assert phases["open"]["frontend_cpu_ms_per_request"] > 0

@@ -18,7 +18,17 @@ from lorafleet.launch.local_servers import free_port
 from lorafleet.worker.config import build_parser as worker_parser
 
 LORAFLEET = str(Path(sys.executable).parent / "lorafleet")
-COMMANDS = [[], ["up"], ["lora"], ["models"], ["status"], ["worker"], ["frontend"]]
+COMMANDS = [
+    [],
+    ["up"],
+    ["lora"],
+    ["keys"],
+    ["tenants"],
+    ["models"],
+    ["status"],
+    ["worker"],
+    ["frontend"],
+]
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

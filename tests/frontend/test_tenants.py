@@ -1,0 +1,195 @@
+"""Tenants, API keys and quotas end to end: real etcd, NATS, one mocker worker, frontends on
+real ports, the real ``openai`` client.
+
+The mocker worker serves the base model ``demo``; tenants are told apart by the models
+they may use and by their limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import openai
+import pytest
+import structlog.testing
+
+from lorafleet.discovery.settings import EtcdSettings
+from lorafleet.frontend import access_log
+from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.cli import main as lorafleet
+from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
+from tests.processes import ServiceProcess
+
+pytestmark = pytest.mark.slow
+
+ADMIN = {"Authorization": "Bearer adm1n"}
+BODY = {"model": "demo", "prompt": "hello", "max_tokens": 2}
+
+
+@dataclasses.dataclass
+class Fleet:
+    frontends: list[RunningFrontend]
+
+    @property
+    def admin(self) -> httpx.AsyncClient:
+        return self.frontends[0].http
+
+    async def tenant(self, name: str, **fields: object) -> str:
+        """Create tenant ``name`` with ``fields`` and one key of it; the key."""
+        tenant = {"name": name, **fields}
+        response = await self.admin.post("/v1/tenants", json=tenant, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        response = await self.admin.post("/v1/keys", json={"tenant": name}, headers=ADMIN)
+        assert response.status_code == 201, response.text
+        return str(response.json()["key"])
+
+
+@pytest.fixture
+async def fleet(
+    etcd_url: str, nats_url: str, namespace: str, lora_workers: Callable[..., list[ServiceProcess]]
+) -> AsyncIterator[Fleet]:
+    """Two frontends (admin token ``adm1n``) and one mocker worker of ``demo`` at 10 ms a
+    token, so that requests overlap where a test needs them to."""
+    await asyncio.to_thread(lora_workers, 1, "--engine-option", "time_per_token_s=0.01")
+    config = FrontendConfig(namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url),
+                            nats_server=nats_url, dispatch=FAST_DISPATCH,
+                            admin_token="adm1n")  # fmt: skip
+    async with run_frontend(config) as first, run_frontend(config) as second:
+        await wait_for_models(first, {"demo"}, timeout_s=90)
+        await wait_for_models(second, {"demo"}, timeout_s=90)
+        yield Fleet([first, second])
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_without_tenants_the_routes_stay_open(fleet: Fleet) -> None:
+    bad = await fleet.admin.post("/v1/tenants", json={"name": "x", "models": []}, headers=ADMIN)
+    assert bad.status_code == 400 and "models" in bad.text  # and nothing stored:
+    response = await fleet.frontends[0].http.post("/v1/completions", json=BODY)
+    assert response.status_code == 200, response.text
+    models = await fleet.frontends[1].http.get("/v1/models")
+    assert [m["id"] for m in models.json()["data"]] == ["demo"]
+
+
+async def test_a_key_is_needed_once_tenants_exist_and_a_foreign_model_does_not_exist(
+    fleet: Fleet,
+) -> None:
+    key = await fleet.tenant("team-b", models=["b-*"])
+    http = fleet.frontends[1].http
+    missing = await http.post("/v1/completions", json=BODY)
+    assert missing.status_code == 401, missing.text
+    wrong = await http.post("/v1/completions", json=BODY, headers=_bearer("lf-not-a-key"))
+    assert wrong.status_code == 401
+    denied = await http.post("/v1/completions", json=BODY, headers=_bearer(key))
+    assert denied.status_code == 404, denied.text
+    assert "does not exist" in denied.json()["error"]["message"]
+    assert denied.json()["error"]["message"].endswith("available models: none")  # no leak
+    listed = await http.get("/v1/models", headers=_bearer(key))
+    assert listed.json()["data"] == []
+    assert (await http.get("/v1/models/demo", headers=_bearer(key))).status_code == 404
+
+
+async def test_a_flooding_tenant_gets_429s_while_another_is_served(fleet: Fleet) -> None:
+    flooder = await fleet.tenant("flood", requests_per_s=2)
+    calm = await fleet.tenant("calm", models=["demo"])
+    http = fleet.frontends[0].http
+    flood = [http.post("/v1/completions", json=BODY, headers=_bearer(flooder)) for _ in range(40)]
+    steady = [http.post("/v1/completions", json=BODY, headers=_bearer(calm)) for _ in range(10)]
+    answers = await asyncio.gather(*flood, *steady)
+    refused = [r for r in answers[:40] if r.status_code == 429]
+    assert refused, [r.status_code for r in answers[:40]]
+    assert int(refused[0].headers["retry-after"]) >= 1
+    assert "requests_per_s=2" in refused[0].json()["error"]["message"]
+    assert [r.status_code for r in answers[40:]] == [200] * 10
+    client = openai.AsyncOpenAI(base_url=f"{fleet.frontends[1].url}/v1", api_key=calm)
+    completion = await client.completions.create(model="demo", prompt="hi", max_tokens=2)
+    assert completion.choices
+
+
+async def test_a_concurrency_cap_names_its_limit(fleet: Fleet) -> None:
+    key = await fleet.tenant("narrow", max_concurrent=1)
+    body = {**BODY, "max_tokens": 64}
+    http = fleet.frontends[0].http
+    answers = await asyncio.gather(
+        *(http.post("/v1/completions", json=body, headers=_bearer(key)) for _ in range(8))
+    )
+    statuses = [r.status_code for r in answers]
+    assert 200 in statuses and 429 in statuses, statuses
+    refused = next(r for r in answers if r.status_code == 429)
+    assert "max_concurrent=1" in refused.json()["error"]["message"]
+
+
+async def test_a_revoked_key_is_refused_on_every_frontend(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Made, listed and revoked with the CLI on the first frontend; refused on both."""
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", "adm1n")
+    where = ["--frontend", fleet.frontends[0].url]
+    assert await _cli("tenants", "set", "gone", "--model", "demo", *where) == 0
+    assert await _cli("keys", "create", "gone", "--note", "ci", *where) == 0
+    key = capsys.readouterr().out.strip().splitlines()[-1]
+    assert key.startswith("lf-")
+    for frontend in fleet.frontends:
+        async with asyncio.timeout(10):  # the second frontend hears of the key by its watch
+            while (await frontend.http.get("/v1/models", headers=_bearer(key))).status_code != 200:
+                await asyncio.sleep(0.05)
+    assert await _cli("keys", "list", "--json", *where) == 0
+    listed = json.loads(capsys.readouterr().out)["data"]
+    assert [(k["tenant"], k["note"]) for k in listed] == [("gone", "ci")]
+    assert key not in json.dumps(listed)  # only the hash's prefix is known
+    assert await _cli("keys", "revoke", listed[0]["id"], *where) == 0
+    for frontend in fleet.frontends:
+        gate = frontend.app.state.services.tenants
+        async with asyncio.timeout(10):
+            while any(view.id == listed[0]["id"] for view in gate.key_views()):
+                await asyncio.sleep(0.01)
+        response = await frontend.http.post("/v1/completions", json=BODY, headers=_bearer(key))
+        assert response.status_code == 401, response.text
+
+
+async def _cli(*argv: str) -> int:
+    return await asyncio.to_thread(lorafleet, list(argv))
+
+
+async def test_a_token_rate_counts_prompt_and_completion(fleet: Fleet) -> None:
+    key = await fleet.tenant("wordy", tokens_per_min=20)  # 10 a minute on each of 2 frontends
+    http = fleet.frontends[0].http
+    first = await http.post("/v1/completions", json={**BODY, "max_tokens": 16},
+                            headers=_bearer(key))  # fmt: skip
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"]["total_tokens"] > 10
+    second = await http.post("/v1/completions", json=BODY, headers=_bearer(key))
+    assert second.status_code == 429, second.text
+    assert "tokens_per_min=20" in second.json()["error"]["message"]
+    assert int(second.headers["retry-after"]) >= 1
+    metrics = (await http.get("/metrics")).text
+    refusals = 'lorafleet_frontend_tenant_refusals_total{limit="tokens_per_min",tenant="wordy"} 1.0'
+    assert refusals in metrics
+    assert 'lorafleet_frontend_tenant_tokens_total{tenant="wordy"}' in metrics
+
+
+async def test_the_access_line_names_the_tenant_never_the_key(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = structlog.testing.LogCapture()  # the tests' log level hides access lines
+    logger = structlog.wrap_logger(
+        None, processors=[capture], wrapper_class=structlog.make_filtering_bound_logger(0)
+    )
+    monkeypatch.setattr(access_log, "log", logger)
+    key = await fleet.tenant("logged")
+    response = await fleet.frontends[0].http.post(
+        "/v1/completions", json=BODY, headers=_bearer(key)
+    )
+    assert response.status_code == 200, response.text
+    async with asyncio.timeout(10):  # the line is written just after the answer left
+        while not any(line["route"] == "/v1/completions" for line in capture.entries):
+            await asyncio.sleep(0.01)
+    access = [line for line in capture.entries if line["route"] == "/v1/completions"]
+    assert [line["tenant"] for line in access] == ["logged"]
+    assert key not in repr(capture.entries)
