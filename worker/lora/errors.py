@@ -30,7 +30,6 @@ from lorafleet.proto.limits import shorten
 from lorafleet.worker.lora._redact import redact_uri
 
 __all__ = [
-    "is_local_disk_error",
     "LoraConfigError",
     "LoraInvalidAdapterError",
     "LoraInvalidUriError",
@@ -38,6 +37,7 @@ __all__ = [
     "LoraSourceError",
     "LoraUnavailableError",
     "adapter_too_big",
+    "is_local_disk_error",
 ]
 
 
