@@ -32,7 +32,7 @@ from litestar.types import (
 )
 
 from lorafleet.frontend.access_log import logged
-from lorafleet.frontend.errors import openai_error, unexpected_error
+from lorafleet.frontend.errors import RETRY_AFTER_S, openai_error, unexpected_error
 from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
 from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -120,6 +120,8 @@ async def _send_json(send: Send, status: int, body: msgspec.Struct, close: bool 
     headers = [_JSON_HEADERS, (b"content-length", str(len(encoded)).encode())]
     if close:
         headers.append(_CLOSE)
+    if status == 429:
+        headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
     start: HTTPResponseStartEvent = {
         "type": "http.response.start", "status": status, "headers": headers
     }  # fmt: skip
