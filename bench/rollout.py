@@ -9,8 +9,12 @@ Mocker workers serve ``bot-v1``, ``bot-v2`` and ``bot-bad`` (the mocker fails
   window's traffic).
 - switch: all of ``bot`` moved from ``bot-v1`` to ``bot-v2`` in one alias write, under
   load; figures: requests failed, and the time from the write until every answer comes
-  from ``bot-v2``. This measures the alias shift v1 -> v2, not a worker's in-place swap
-  of one adapter's weights.
+  from ``bot-v2``. This measures the alias shift v1 -> v2.
+- swap (``--swap-engines``, in a fleet of its own per engine): one adapter's weights
+  replaced in place on a worker (``replace: true``, vLLM's ``load_inplace``) under load;
+  figures: requests failed, time from the swap call until only the new version answers,
+  the old version's drain, and the worker's resident memory before, during and after
+  (``bench/_inplace_swap.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Final
 import httpx
 
 from bench._cluster import BenchCluster, Service
+from bench._inplace_swap import swap_under_load
 from bench._report import add_output_flags, benchmark_main, machine, table
 
 __all__ = ["build_parser", "main", "run"]
@@ -158,7 +163,29 @@ async def _switch(frontends: list[Service], args: argparse.Namespace) -> dict[st
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Start the fleet, then roll a bad canary back, then switch versions under load."""
+    """Roll a bad canary back and switch an alias under load (unless ``--no-alias``), then
+    swap an adapter in place on each of ``--swap-engines``."""
+    results: dict[str, Any] = {}
+    if not args.no_alias:
+        results = await _aliases(args)
+    results["swaps"] = [
+        await swap_under_load(
+            engine,
+            concurrency=args.concurrency,
+            settle_s=args.swap_settle_s,
+            time_per_token_s=args.time_per_token_s,
+        )
+        for engine in args.swap_engines
+    ]
+    return {
+        "bench": "rollout",
+        "machine": machine(),
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "results": results,
+    }
+
+
+async def _aliases(args: argparse.Namespace) -> dict[str, Any]:
     with BenchCluster() as cluster:
         faults = (
             "--engine-option",
@@ -177,12 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await _declare(cluster, frontends[0].url)
         canary = await _canary(frontends, args)
         switch = await _switch(frontends, args)
-    return {
-        "bench": "rollout",
-        "machine": machine(),
-        "settings": {k: v for k, v in vars(args).items() if k != "json"},
-        "results": {"canary": canary, "switch": switch},
-    }
+    return {"canary": canary, "switch": switch}
 
 
 async def _declare(cluster: BenchCluster, url: str) -> None:
@@ -208,6 +230,16 @@ async def _declare(cluster: BenchCluster, url: str) -> None:
 
 
 def _text(results: dict[str, Any], _args: argparse.Namespace) -> str:
+    swaps = table(
+        ["in-place swap", "requests", "failed", "neither", "call ms", "only new after ms",
+         "old drained ms", "RSS MB before", "peak", "after"],
+        [[s["engine"], s["requests"], s["failed"], s["answers_neither_version"], s["swap_call_ms"],
+          s["only_new_for_requests_started_after_ms"], s["old_version_drained_after_ms"],
+          s["rss_mb_before"], s["rss_mb_peak_during_swap"], s["rss_mb_after"]]
+         for s in results["results"]["swaps"]],
+    )  # fmt: skip
+    if "canary" not in results["results"]:
+        return swaps
     canary, switch = results["results"]["canary"], results["results"]["switch"]
     first = table(
         ["bad canary at 10%", "phase", "windows", "seconds", "bad failed", "bound", "requests"],
@@ -235,7 +267,7 @@ def _text(results: dict[str, Any], _args: argparse.Namespace) -> str:
             ]
         ],
     )
-    return f"{first}\n\n{second}\n(the switch is an alias write, not an in-place adapter swap)"
+    return f"{first}\n\n{second}\n(the switch is an alias write)\n\n{swaps}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,6 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time-per-token-s", type=float, default=0.005, help="mocker speed")
     parser.add_argument(
         "--switch-after-s", type=float, default=2.0, help="load before and after the switch"
+    )
+    parser.add_argument("--no-alias", action="store_true", help="only the in-place swaps")
+    parser.add_argument(
+        "--swap-engines", type=lambda text: [e for e in text.split(",") if e], default=["mocker"],
+        help="engines to swap an adapter in place on, comma-separated: mocker, hf ('' for none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--swap-settle-s", type=float, default=2.0, help="load before and after the swap call"
     )
     add_output_flags(parser)
     return parser

@@ -36,7 +36,7 @@ from lorafleet.frontend.config import FrontendConfig
 from lorafleet.frontend.controllers import CONTROLLERS
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.dispatcher import Dispatcher
-from lorafleet.frontend.errors import openai_error, openai_type, unexpected_error
+from lorafleet.frontend.errors import RETRY_AFTER_S, openai_error, openai_type, unexpected_error
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.generate_door import GenerateDoor
 from lorafleet.frontend.generate_routes import ENDPOINT_BY_PATH
@@ -155,7 +155,9 @@ def _nats_lost(app: Litestar) -> None:
 
 def _on_lorafleet_error(request: Request[Any, Any, Any], exc: LorafleetError) -> Response[Any]:
     status, body = openai_error(exc)
-    headers = {"connection": "close"} if leaves_body_unread(exc) else None
+    headers = {"connection": "close"} if leaves_body_unread(exc) else {}
+    if status == 429:
+        headers["retry-after"] = str(RETRY_AFTER_S)
     return Response(body, status_code=status, headers=headers)
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "OPENAI_TYPE_BY_STATUS",
     "PayloadTooLargeError",
     "RETRYABLE_WORKER_CODES",
+    "RETRY_AFTER_S",
     "WorkerError",
     "framing_error_body",
     "http_status",
@@ -98,6 +99,11 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
 MAX_NAMES_IN_MESSAGE: Final = 20
 RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
 """Worker errors that another instance may not have (shutting down, adapter gone, full)."""
+
+
+RETRY_AFTER_S: Final = 1
+"""``Retry-After`` of every 429 (a slot, a load queue or a quota may free up soon), as the
+worker's own 429 says."""
 
 
 def openai_type(status: int) -> str:

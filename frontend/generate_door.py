@@ -32,7 +32,7 @@ from litestar.types import (
 )
 
 from lorafleet.frontend.access_log import current_record, logged
-from lorafleet.frontend.errors import openai_error, unexpected_error
+from lorafleet.frontend.errors import RETRY_AFTER_S, openai_error, unexpected_error
 from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
 from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -44,7 +44,7 @@ from lorafleet.frontend.request_body import (
     read_body,
 )
 from lorafleet.frontend.services import services_of
-from lorafleet.proto.errors import LorafleetError, RateLimitedError
+from lorafleet.proto.errors import LorafleetError, RateLimitedError, http_status
 
 __all__ = ["GenerateDoor"]
 
@@ -120,7 +120,7 @@ class GenerateDoor:
             answer = await generation.generate(data, route.shape, route.to_generate, receive)
         except LorafleetError as exc:
             status, error = openai_error(exc)
-            await _send_json(send, status, error)
+            await _send_json(send, status, error, retry_after_s=_retry_after_s(exc))
             return status
         except Exception as exc:
             status, error = unexpected_error(exc, scope["path"])
@@ -137,8 +137,11 @@ class GenerateDoor:
 
 
 def _retry_after_s(exc: LorafleetError) -> int | None:
-    """The ``Retry-After`` of a tenant over a limit; None for any other error."""
-    return exc.retry_after_s if isinstance(exc, RateLimitedError) else None
+    """The ``Retry-After`` of a 429: a tenant's own wait over a limit, else ``RETRY_AFTER_S``
+    (a full on-demand queue, a worker without a free slot); None for any other error."""
+    if isinstance(exc, RateLimitedError):
+        return exc.retry_after_s
+    return RETRY_AFTER_S if http_status(exc.code) == 429 else None
 
 
 def _authorization(scope: HTTPScope) -> str | None:

@@ -53,6 +53,9 @@ SSE_HEADERS: Final = {
     "X-Accel-Buffering": "no",
 }
 
+COLD_RELOADS: Final = 3
+"""Loads of an adapter that left its instances, per request: a slot contested by other
+loads can take it again between its load and the request's dispatch."""
 WATCH_AFTER_S: Final = 0.1
 """How long a whole answer runs before the frontend starts watching for its client hanging
 up: a hang-up sooner cancels the request at the worker this late at most."""
@@ -172,15 +175,19 @@ class GenerationService:
         served: ServedModel,
         request: GenerateRequest,
     ) -> _Answer:
-        """``call`` the dispatcher; once more after loading a desired adapter that went cold."""
-        try:
-            return await call(served, request)
-        except (WorkerError, NoLiveInstanceError) as exc:
-            spec = self.resolver.gone_cold(served, exc)
-            if spec is None:
-                raise
-        log.info("adapter left its instances; loading it again", adapter=served.name)
-        return await call(await self.resolver.loader.load(spec), request)
+        """``call`` the dispatcher; again after loading an adapter that went cold (evicted, or
+        its instance died), up to ``COLD_RELOADS`` times."""
+        for reloads in range(COLD_RELOADS):
+            try:
+                return await call(served, request)
+            except (WorkerError, NoLiveInstanceError) as exc:
+                spec = await self.resolver.gone_cold(served, exc)
+                if spec is None:
+                    raise
+            log.info("adapter left its instances; loading it again", adapter=served.name,
+                     reloads=reloads + 1)  # fmt: skip
+            served = await self.resolver.loader.load(spec)
+        return await call(served, request)
 
 
 async def _until_disconnected(receive: Receive) -> None:

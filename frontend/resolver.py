@@ -93,7 +93,8 @@ class ModelResolver:
     async def _catch_up(self, name: str) -> None:
         """Wait until the instances, cards and desired state seen here are etcd's now; on
         etcd trouble or past ``CATCH_UP_TIMEOUT_S``, answer from what is seen."""
-        caches = (self.registry.instance_cache, self.registry.card_cache, self.desired.cache)
+        caches = (self.registry.instance_cache, self.registry.card_cache, self.desired.cache,
+                  self.loads.cache)  # fmt: skip
         try:
             await asyncio.gather(*(cache.catch_up(CATCH_UP_TIMEOUT_S) for cache in caches))
         except (TimeoutError, LorafleetError) as exc:
@@ -110,18 +111,24 @@ class ModelResolver:
         first = self.registry.first_names(MAX_NAMES_IN_MESSAGE) + cold[:MAX_NAMES_IN_MESSAGE]
         return ModelNotFoundError(name, first, total=self.registry.count() + len(cold))
 
-    def gone_cold(self, served: ServedModel, exc: LorafleetError) -> AdapterSpec | None:
-        """The spec to load again when ``exc`` says a desired adapter left its instances.
+    async def gone_cold(self, served: ServedModel, exc: LorafleetError) -> AdapterSpec | None:
+        """The spec to load again when ``exc`` says an adapter left its instances.
 
         That happens when an instance evicted it (LRU) or died after the registry
-        was read: the worker answers ``not_found``, or no instance is left.
+        was read: the worker answers ``not_found``, or no instance is left. A desired
+        adapter loads from its spec; an unmanaged one from its eviction's source (the
+        worker writes the eviction before the card goes, so catching up finds it).
         """
         if served.parent is None:
             return None
         evicted = isinstance(exc, WorkerError) and exc.error.code == "not_found"
         if not (evicted or isinstance(exc, NoLiveInstanceError)):
             return None
-        return self.desired.get(served.name)
+        spec = self.desired.get(served.name) or self._evicted(served.name)
+        if spec is None:
+            await self._catch_up(served.name)
+            spec = self.desired.get(served.name) or self._evicted(served.name)
+        return spec
 
     def cold(self) -> list[ColdAdapter]:
         """Desired adapters loaded nowhere whose base model a live instance serves, by name.

@@ -9,7 +9,7 @@ which desired states are.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 
@@ -29,6 +29,7 @@ __all__ = [
     "LoraListResponse",
     "LoraResponse",
     "LoraSource",
+    "LoraUpdate",
     "UnloadLoraRequest",
     "decode_adapter_spec",
     "encode_adapter_spec",
@@ -61,7 +62,13 @@ class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
     uri: Uri
 
 
-class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+class _Update(msgspec.Struct, kw_only=True, frozen=True, tag_field="update"):
+    """Base of the update bodies: the tag names the update (``update/<tag>``), so a NATS
+    ``UpdateRequest`` carries them as one tagged union (``LoraUpdate``). A body without the
+    tag still decodes as its own type (HTTP callers, and workers before the tag)."""
+
+
+class LoadLoraRequest(_Update, frozen=True, omit_defaults=True, tag="load_lora"):
     """Body of ``POST /engine/update/load_lora`` and ``POST /v1/loras`` (a default field is
     left off the wire, so a plain load reads as it did before ``evict_placed``)."""
 
@@ -77,14 +84,18 @@ class LoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=T
     changed; the same weights are a no-op that says so."""
 
 
-class UnloadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
+class UnloadLoraRequest(_Update, frozen=True, tag="unload_lora"):
     """Body of ``POST /engine/update/unload_lora``."""
 
     lora_name: LoraName
 
 
-class ListLorasRequest(msgspec.Struct, kw_only=True, frozen=True):
+class ListLorasRequest(_Update, frozen=True, tag="list_loras"):
     """Body of ``POST /engine/update/list_loras``: nothing is needed (any fields are ignored)."""
+
+
+LoraUpdate: TypeAlias = LoadLoraRequest | UnloadLoraRequest | ListLorasRequest
+"""Every update body, tagged by its update's name (``UpdateRequest.update``)."""
 
 
 class LoraResponse(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=False):

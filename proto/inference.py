@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from lorafleet.proto.adapters import LoraUpdate
 from lorafleet.proto.errors import ErrorInfo
 
 __all__ = [
@@ -117,15 +118,27 @@ class PingRequest(_Message, frozen=True, tag="ping"):
 
 
 class UpdateRequest(_Message, frozen=True, tag="update"):
-    """Call an engine update (e.g. ``load_lora``) over NATS instead of HTTP."""
+    """Call an engine update (e.g. ``load_lora``) over NATS instead of HTTP.
+
+    A LoRA update travels twice: typed in ``update`` (the tagged union that workers with
+    the field decode) and as the JSON object ``body`` (what workers before it read, and the
+    only form of an update outside ``LoraUpdate``). A worker uses ``update`` when it is set.
+    """
 
     name: str
     body: dict[str, Any] = msgspec.field(default_factory=dict)
+    update: LoraUpdate | None = None
 
     @classmethod
     def of(cls, name: str, request: msgspec.Struct) -> UpdateRequest:
-        """The update ``name`` carrying ``request``, converted to the wire's JSON object here."""
-        return cls(name=name, body=msgspec.to_builtins(request))
+        """The update ``name`` carrying ``request``, typed when it is a ``LoraUpdate``."""
+        typed = request if isinstance(request, LoraUpdate) else None
+        return cls(name=name, body=msgspec.to_builtins(request), update=typed)
+
+    @property
+    def payload(self) -> LoraUpdate | dict[str, Any]:
+        """What the worker decodes: the typed update, else the JSON object."""
+        return self.body if self.update is None else self.update
 
 
 class UpdateReply(msgspec.Struct, kw_only=True, frozen=True):

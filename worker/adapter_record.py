@@ -107,6 +107,10 @@ class AdapterRecord:
     """Loaded and no request served since: the requests that waited for it are on their way."""
     last_digest: str = ""
     """The digest of the version last removed (kept for an evicted adapter)."""
+    evicted_at: float = 0.0
+    """When eviction took it, seconds since the epoch; 0 unless evicted and not loaded since."""
+    evicted_reason: str = ""
+    """Why eviction took it (which adapter got its slot)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property

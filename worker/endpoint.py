@@ -47,7 +47,7 @@ from lorafleet.proto.inference import (
 )
 from lorafleet.worker import metrics
 from lorafleet.worker.engine import LLMEngine
-from lorafleet.worker.engine_registry import error_reply
+from lorafleet.worker.engine_registry import UpdateBody, error_reply
 from lorafleet.worker.request_timing import RequestTiming
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
@@ -57,7 +57,7 @@ log = structlog.get_logger(__name__)
 SUBSCRIPTION_CHECK_TIMEOUT_S: Final = 5.0
 PENDING_MESSAGES_LIMIT: Final = 65536
 
-UpdateHandler: TypeAlias = Callable[[str, dict[str, Any]], Awaitable[UpdateReply]]
+UpdateHandler: TypeAlias = Callable[[str, UpdateBody], Awaitable[UpdateReply]]
 """Runs an engine update named by the NATS caller; answers as the status server would."""
 
 
@@ -264,4 +264,4 @@ class Endpoint:
             ))  # fmt: skip
         if self.update_handler is None:
             return error_reply(UnavailableError("worker is starting"))
-        return await self.update_handler(request.name, request.body)
+        return await self.update_handler(request.name, request.payload)

@@ -1,8 +1,9 @@
 """The engine's controls and updates by path, and the one place they meet the wire.
 
 Paths are ``control/<name>`` and ``update/<name>``. HTTP (the status server)
-and NATS (the endpoint) both hand :meth:`EngineRegistry.call` the JSON object
-body; it decodes the body into the route's Struct, calls the typed handler and
+hands :meth:`EngineRegistry.call` the JSON object body, NATS (the endpoint) the typed
+``UpdateRequest.update`` when the frontend sent one, else its JSON object; it decodes
+an object into the route's Struct (a typed body must already be it), calls the typed handler and
 encodes its answer or error as an :class:`UpdateReply`. Nothing is callable
 until ``register`` ran (start-up step 4), so no update can run before the
 engine holds its endpoint.
@@ -10,7 +11,7 @@ engine holds its endpoint.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import structlog
@@ -26,7 +27,10 @@ from lorafleet.proto.errors import (
 from lorafleet.proto.inference import UpdateReply
 from lorafleet.worker.engine import EngineRoute, LLMEngine
 
-__all__ = ["EngineRegistry", "error_reply"]
+__all__ = ["EngineRegistry", "UpdateBody", "error_reply"]
+
+UpdateBody: TypeAlias = dict[str, Any] | msgspec.Struct
+"""An update's body: a JSON object (HTTP, older frontends) or already typed (NATS)."""
 
 log = structlog.get_logger(__name__)
 
@@ -58,8 +62,9 @@ class EngineRegistry:
         routes |= {f"update/{n}": r for n, r in engine.supported_updates().items()}
         self._routes = routes
 
-    async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
-        """Run the route at ``path``; every outcome is an ``UpdateReply``, never an exception."""
+    async def call(self, path: str, body: UpdateBody) -> UpdateReply:
+        """Run the route at ``path`` on a JSON object body or a typed one (NATS's
+        ``UpdateRequest.update``); every outcome is an ``UpdateReply``, never an exception."""
         try:
             route = self._route(path)
             result = await route.handler(_decode(body, route.body_type))
@@ -90,7 +95,13 @@ def error_reply(error: LorafleetError) -> UpdateReply:
     )
 
 
-def _decode(body: dict[str, Any], kind: type[msgspec.Struct]) -> Any:
+def _decode(body: UpdateBody, kind: type[msgspec.Struct]) -> Any:
+    if isinstance(body, msgspec.Struct):
+        if not isinstance(body, kind):
+            raise InvalidRequestError(
+                f"a {type(body).__name__} body was sent to the update that takes {kind.__name__}"
+            )
+        return body
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:

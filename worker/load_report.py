@@ -58,6 +58,9 @@ class LoadReport:
         self._failures = failures
         self._written: InstanceLoad | None = None
         self._changed = asyncio.Event()
+        self._writing = asyncio.Lock()
+        self._closed = False
+        """One write at a time: the loop's, or an eviction's ``write_now``."""
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -72,6 +75,7 @@ class LoadReport:
         """Write the record now and follow the controller's changes from now on."""
         report = cls(lease, key, controller=controller, failures=failures)
         controller.on_change = report.mark_changed
+        controller.on_evict = report.write_now
         report.mark_changed()
         report._task = asyncio.create_task(report._report_loop(), name="load-report")
         return report
@@ -93,12 +97,20 @@ class LoadReport:
             demand=controller.demand.rates(),
             failed=dict(sorted(self._failures().items())),
             evicts=evicts,
+            evicted=controller.evicted(),
             evicts_placed=controller.is_placed(evicts),
         )
+
+    async def write_now(self) -> None:
+        """Write the record now, not coalesced: an eviction waits for it before the card goes,
+        so frontends see ``evicted`` no later than the card's deletion."""
+        if not self._closed:
+            await self._write_if_changed()
 
     async def aclose(self) -> None:
         """Stop writing and delete the record (a crash leaves it to the lease)."""
         self._controller.on_change = lambda: None
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -115,13 +127,14 @@ class LoadReport:
             await asyncio.sleep(MIN_INTERVAL_S)
 
     async def _write_if_changed(self) -> None:
-        record = self.record()
-        if record == self._written:
-            return
-        try:
-            await self._lease.put(self._key, encode_instance_load(record))
-        except LorafleetError as exc:
-            log.warning("load record not written; retrying", key=self._key, error=exc.message)
-            self._changed.set()
-            return
-        self._written = record
+        async with self._writing:
+            record = self.record()
+            if record == self._written:
+                return
+            try:
+                await self._lease.put(self._key, encode_instance_load(record))
+            except LorafleetError as exc:
+                log.warning("load record not written; retrying", key=self._key, error=exc.message)
+                self._changed.set()
+                return
+            self._written = record

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -39,6 +39,7 @@ from lorafleet.proto.errors import (
     LorafleetError,
     NotFoundError,
 )
+from lorafleet.proto.fleet_load import EvictedAdapter
 from lorafleet.proto.limits import shorten
 from lorafleet.proto.uris import split_uri
 from lorafleet.worker import metrics
@@ -49,12 +50,22 @@ from lorafleet.worker.eviction import IN_USE_S, Eviction, FleetDemand
 from lorafleet.worker.lora import redact_uri
 from lorafleet.worker.version_steps import AdapterSource, VersionSteps, step
 
-__all__ = ["AdapterSource", "Assignment", "ChangeListener", "IN_USE_S", "LoraController"]
+__all__ = [
+    "AdapterSource", "Assignment", "ChangeListener", "EvictionListener", "IN_USE_S",
+    "LoraController",
+]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
 ChangeListener: TypeAlias = Callable[[], None]
 """Called when the loaded or loading adapters, or the requests in flight, change."""
+EvictionListener: TypeAlias = Callable[[], Awaitable[None]]
+"""Awaited when an unmanaged adapter is about to be evicted, before its card is retracted
+(the load report writes ``evicted`` then, so a frontend that sees the card go sees why)."""
+
+
+async def _nothing() -> None:
+    pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +108,7 @@ class LoraController:
         """This worker's request rates per adapter (published in its load record)."""
         self.eviction = Eviction(self.records, self.demand)
         self.on_change: ChangeListener = lambda: None
+        self.on_evict: EvictionListener = _nothing
         self._base_busy = 0
         self._observe_slots()
 
@@ -186,6 +198,20 @@ class LoraController:
     def eviction_candidate(self) -> str | None:
         """The adapter a load would evict now (``worker.eviction``), None if none may go."""
         return self.eviction.candidate()
+
+    def evicted(self) -> dict[str, EvictedAdapter]:
+        """The unmanaged adapters eviction took here and no load brought back, by name."""
+        return {
+            name: EvictedAdapter(
+                base_model=self.base_model,
+                uri=record.source,
+                digest=record.digest,
+                at=record.evicted_at,
+                reason=record.evicted_reason,
+            )
+            for name, record in sorted(self.records.items())
+            if record.evicted_at and record.role is Role.UNMANAGED
+        }
 
     def is_placed(self, name: str) -> bool:
         """Whether placement's plan puts ``name`` on this instance."""
@@ -321,6 +347,7 @@ class LoraController:
             await self._steps.discard(record, new)
             raise
         record.source, record.unserved, record.last_used = uri, True, time.monotonic()
+        record.evicted_at, record.evicted_reason = 0.0, ""
         if old is None:
             log.info("adapter loaded", adapter=record.name, uri=redact_uri(uri), digest=new.digest)
             return f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})"
@@ -354,10 +381,24 @@ class LoraController:
                      for_adapter=version.name)  # fmt: skip
             async with victim.lock:
                 if victim.serving is not None:
-                    await self._steps.remove_all(victim)
-                    log.info("adapter evicted; its record keeps source and digest",
-                             adapter=victim.name, role=victim.role.value)  # fmt: skip
+                    await self._evict(victim, for_adapter=version.name)
         version.enter(Phase.RESERVED)
+
+    async def _evict(self, victim: AdapterRecord, *, for_adapter: str) -> None:
+        """Remove every version of ``victim``, saying so in the load record before its card
+        goes (an unmanaged adapter is then loaded back on demand, never a 404)."""
+        taker = self.records[for_adapter]
+        victim.evicted_at = time.time()
+        victim.evicted_reason = f"its slot went to {taker.role.value} adapter {for_adapter!r}"
+        if victim.role is Role.UNMANAGED:
+            await self.on_evict()
+        try:
+            await self._steps.remove_all(victim)
+        except BaseException:
+            victim.evicted_at, victim.evicted_reason = 0.0, ""  # it serves again
+            raise
+        log.info("adapter evicted; its record keeps source and digest", adapter=victim.name,
+                 role=victim.role.value, reason=victim.evicted_reason)  # fmt: skip
 
     def _check_id_collision(self, version: AdapterVersion) -> None:
         for record in self.records.values():

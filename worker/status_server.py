@@ -39,7 +39,7 @@ from lorafleet.proto.errors import (
 )
 from lorafleet.proto.inference import UpdateReply
 from lorafleet.proto.limits import check_json_depth, shorten
-from lorafleet.worker.engine_registry import EngineRegistry, error_reply
+from lorafleet.worker.engine_registry import EngineRegistry, UpdateBody, error_reply
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -88,7 +88,7 @@ class StatusState:
     lease: LeaseKeeper | None = None
     """The worker's etcd lease; once it expired unrenewed ``/health`` answers 503."""
 
-    async def call(self, path: str, body: dict[str, Any]) -> UpdateReply:
+    async def call(self, path: str, body: UpdateBody) -> UpdateReply:
         """Call an engine route; while stopping, routes that change adapters answer 503."""
         if self.phase is WorkerPhase.STOPPING and is_mutating(path):
             exc = ShuttingDownError(

@@ -140,17 +140,20 @@ def test_placement_reports_every_figure_for_every_policy(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
-def test_rollout_rolls_a_bad_canary_back_and_switches_versions_without_errors(
+def test_rollout_rolls_a_bad_canary_back_switches_and_swaps_versions_without_errors(
     tmp_path: Path,
 ) -> None:
     result = _bench(tmp_path, "rollout", "--workers", "1", "--frontends", "2",
                     "--concurrency", "8", "--window-s", "1", "--min-requests", "5",
-                    "--switch-after-s", "0.5")  # fmt: skip
+                    "--switch-after-s", "0.5", "--swap-settle-s", "0.5")  # fmt: skip
     canary, switch = result["results"]["canary"], result["results"]["switch"]
     assert canary["phase"] == "rolled_back" and canary["windows_until_rollback"] >= 1
     assert canary["bad_requests_failed"] > 0
     assert switch["failed"] == 0 and switch["answers_neither_version"] == 0
     assert switch["requests"] > 0
+    (swap,) = result["results"]["swaps"]  # the mocker's in-place swap
+    assert swap["failed"] == 0 and swap["answers_neither_version"] == 0
+    assert swap["answers_old_version"] > 0 and swap["answers_new_version"] > 0
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)

@@ -46,12 +46,41 @@ def test_an_error_reply_round_trips_with_its_reason() -> None:
     )
 
 
-def test_an_update_request_carries_its_struct_as_the_wire_object() -> None:
+class _OlderUpdateRequest(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind",
+                          tag="update"):  # fmt: skip
+    """``UpdateRequest`` as workers decoded it before the typed ``update``."""
+
+    name: str
+    body: dict[str, Any]
+
+
+class _OlderLoadLoraRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """``LoadLoraRequest`` before it was tagged."""
+
+    lora_name: str
+    source: LoraSource
+
+
+def test_an_update_request_carries_its_struct_typed_and_as_the_older_wire_object() -> None:
     load = LoadLoraRequest(lora_name="pirate", source=LoraSource(uri="file:///a/pirate"))
-    message = decode_instance_message(encode_msg(UpdateRequest.of("update/load_lora", load)))
+    wire = encode_msg(UpdateRequest.of("update/load_lora", load))
+
+    message = decode_instance_message(wire)
     assert isinstance(message, UpdateRequest)
-    assert message.body == {"lora_name": "pirate", "source": {"uri": "file:///a/pirate"}}
-    assert msgspec.convert(message.body, LoadLoraRequest) == load
+    assert message.update == load and message.payload == load
+    older = msgspec.msgpack.decode(wire, type=_OlderUpdateRequest)  # a worker before the field
+    assert msgspec.convert(older.body, _OlderLoadLoraRequest) == _OlderLoadLoraRequest(
+        lora_name="pirate", source=load.source
+    )
+
+
+def test_an_update_request_from_an_older_frontend_is_read_from_its_object() -> None:
+    body = {"lora_name": "pirate", "source": {"uri": "file:///a/pirate"}}
+    wire = msgspec.msgpack.encode({"kind": "update", "name": "update/load_lora", "body": body})
+    message = decode_instance_message(wire)
+    assert isinstance(message, UpdateRequest)
+    assert message.update is None and message.payload == body
+    assert msgspec.convert(message.payload, LoadLoraRequest).lora_name == "pirate"
 
 
 class _OlderFinalChunk(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", tag="final"):

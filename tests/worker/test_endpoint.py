@@ -15,6 +15,7 @@ import nats
 import pytest
 
 from lorafleet.process.auth import bearer_header
+from lorafleet.proto.adapters import LoadLoraRequest, LoraSource
 from lorafleet.proto.discovery import decode_card, decode_instance
 from lorafleet.proto.inference import UpdateReply, UpdateRequest, encode_msg
 from tests.worker.adapters import make_adapter_dir
@@ -81,6 +82,32 @@ async def test_update_without_the_token_is_refused_before_any_file_is_read(
     assert await _adapter_cards(etcd, namespace) == []
     loaded = await _update(anonymous, guarded_subject, "update/list_loras", {}, TOKEN)
     assert loaded.body["loras"] == {}
+
+
+async def test_a_typed_update_loads_the_adapter_and_one_for_another_update_changes_nothing(
+    guarded_subject, anonymous, etcd, namespace, tmp_path
+) -> None:
+    """A frontend that sends only ``update`` (the tagged union, no JSON object body)."""
+    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'pirate')}"
+    load = LoadLoraRequest(lora_name="pirate", source=LoraSource(uri=uri))
+
+    async def send(name: str) -> UpdateReply:
+        message = encode_msg(UpdateRequest(name=name, update=load))
+        reply = await anonymous.request(guarded_subject, message, timeout=10,
+                                        headers=bearer_header(TOKEN))  # fmt: skip
+        return msgspec.msgpack.decode(reply.data, type=UpdateReply)
+
+    wrong = await send("update/unload_lora")
+    assert wrong.status_code == 400, wrong.body
+    assert (
+        "LoadLoraRequest body was sent to the update that takes UnloadLoraRequest"
+        in (wrong.body["message"])
+    )
+    assert await _adapter_cards(etcd, namespace) == []
+
+    answer = await send("update/load_lora")
+    assert answer.status_code == 200, answer.body
+    assert await _adapter_cards(etcd, namespace) == ["pirate"]
 
 
 async def test_update_with_the_token_loads_the_adapter(

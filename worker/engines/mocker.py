@@ -60,6 +60,9 @@ class MockerOptions:
     fail_generate_share: float = 1.0
     """... this share of them, spread evenly (request n fails when n x share crosses an integer),
     so a run is the same every time."""
+    name_version: bool = False
+    """An adapter's tokens name the version that answers (``name@<12 hex of its digest>``)
+    instead of the adapter: ``bench.rollout`` tells old from new weights in a swap by it."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> MockerOptions:
@@ -105,15 +108,18 @@ class MockerEngine(AdapterEngine):
                 f"request {request.request_id}: logit_bias is not supported by the mocker "
                 "engine: its text is synthetic"
             )
-        self.resolve(request.model, self.adapters)
+        handle = self.resolve(request.model, self.adapters)
         self._maybe_fail(request.model)
+        answering = request.model
+        if self.options.name_version and handle is not None:
+            answering = next(key for key, held in self.adapters.items() if held == handle)
         adapter = "" if request.model == self.config.model_name else request.model
         metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(0.0)  # no queue
         start = len(request.generated_ids)
         budget = max(0, min(request.sampling.max_tokens, self._natural_length(request) - start))
         for index in range(start, start + budget):
             await asyncio.sleep(self.options.time_per_token_s)
-            text = f"{request.model}:{index} "
+            text = f"{answering}:{index} "
             yield TokenChunk(
                 text=text, token_ids=[index], logprobs=_logprobs(text, request.sampling.logprobs)
             )
