@@ -135,19 +135,25 @@ class LoraWrites:
         return ended.describe() if isinstance(ended, Failure) else None
 
     async def unload(self, name: str) -> bool:
-        """Remove ``name``: from the desired state, or from every instance that holds it when
-        it is unmanaged; False when the fleet has no such adapter."""
-        if self._desired.get(name) is not None:
-            return await self._desired.delete(name)
+        """Remove ``name`` from the desired state when declared, then from every instance
+        that holds it, and answer once their cards are gone; False when the fleet neither
+        declares nor serves it.
+
+        A declared adapter is unloaded from its holders too, not left to placement: a copy a
+        frontend loaded on demand before a worker's placement saw the declaration is that
+        worker's own (unmanaged) and would outlive the declaration."""
+        declared = self._desired.get(name) is not None
+        if declared and not await self._desired.delete(name):
+            return False
         served = self._registry.get(name)
         if served is None or served.parent is None:
-            return False
+            return declared
         holders = served.instances
         answers = await asyncio.gather(*(self._unload_on(instance, name) for instance in holders))
         errors = [error for error in answers if error is not None]
         if errors:
             raise errors[0]
-        log.info("unmanaged adapter unloaded", adapter=name,
+        log.info("adapter unloaded", adapter=name, declared=declared,
                  instances=[f"{i.instance_id:x}" for i in holders])  # fmt: skip
         held = {instance.instance_id for instance in holders}
         try:
