@@ -114,7 +114,7 @@ class AdapterStates:
         now = self.state_of(spec)
         return AdapterStatus(
             name=spec.name, base_model=spec.base_model,
-            source=LoraSource(uri=public_uri(spec.source.uri)),
+            source=LoraSource(uri=public_uri(spec.source.uri), sha256=spec.source.sha256),
             replicas=spec.replicas, min_replicas=low, max_replicas=high, pinned=spec.pinned,
             instances=now.instances, warnings=warnings or [], state=now.state,
             loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
