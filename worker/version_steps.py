@@ -191,9 +191,9 @@ def _mismatch(version: AdapterVersion, *, deleted: bool) -> ConflictError:
     """The error for files whose digest is not the one the load asked for."""
     gone = "; its cached copy was deleted" if deleted else ""
     return ConflictError(
-        f"adapter {version.name!r} from {redact_uri(version.uri)} has digest {version.digest}, "
-        f"not the expected sha256 {version.expected}{gone}. Check the files at the source, or "
-        "the sha256 given",
+        f"adapter {version.name!r}: expected sha256 {version.expected}, its files have "
+        f"{version.digest}{gone} (source {redact_uri(version.uri)}); check the files at the "
+        "source, or the sha256 given",
         lora_name=version.name, expected=version.expected, digest=version.digest,
     )  # fmt: skip
 
