@@ -87,6 +87,13 @@ class BaseModelPolicy:
         served = tuple(dict.fromkeys(n.strip() for n in names if n is not None and n.strip()))
         return cls(mode=mode, served=served)
 
+    @property
+    def shown(self) -> tuple[str, ...]:
+        """The names a message may show: not the model's path on the worker's disk (the
+        frontends show load warnings to anyone)."""
+        names = tuple(name for name in self.served if not name.startswith(("/", "~", ".")))
+        return names or self.served[:1]
+
     def matches(self, trained_for: str) -> bool:
         """Whether ``trained_for`` names this worker's base model (leniently)."""
         return any(trained_for == name or _tail(trained_for) == _tail(name)
@@ -105,7 +112,7 @@ class BaseModelPolicy:
             return []
         problem = (
             f"adapter {adapter!r} was trained for base model {trained_for!r}; this worker "
-            f"serves {' / '.join(repr(name) for name in self.served)}"
+            f"serves {' / '.join(repr(name) for name in self.shown)}"
         )
         if self.mode is BaseModelCheck.STRICT:
             raise InvalidRequestError(

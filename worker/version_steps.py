@@ -181,6 +181,7 @@ class VersionSteps:
         info = LoraInfo(
             name=name, lora_id=version.lora_id, base_model=base.display_name,
             uri=redact_uri(version.uri), local_path=str(version.path), digest=version.digest,
+            warnings=version.warnings,
         )  # fmt: skip
         return msgspec.structs.replace(
             base, display_name=name, slug=lora_slug(name), source_path=str(version.path), lora=info

@@ -81,3 +81,19 @@ async def test_vllm_load_on_the_frontend_with_a_wrong_sha256_is_409_and_declares
     body["sha256"] = adapter_digest()
     loaded = await frontend.http.post("/v1/load_lora_adapter", json=body, timeout=WAIT_S)
     assert loaded.status_code == 200, loaded.text
+
+
+async def test_an_adapter_for_another_base_model_shows_its_warning_in_v1_adapters(
+    lora_workers, frontend, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(lora_workers, 1)  # DYN_LORA_BASE_MODEL_CHECK: warn, the default
+    await wait_for_models(frontend, {"demo"})
+    path = make_adapter_dir(tmp_path / "adapters", "pirate", base_model="meta-llama/Llama-3-8B")
+    body = {"name": "pirate", "base_model": "demo", "source": {"uri": f"file://{path}"},
+            "replicas": 1}  # fmt: skip
+    assert (await frontend.http.post("/v1/adapters", json=body)).status_code == 201
+
+    placed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")
+
+    (warning,) = placed["warnings"]
+    assert "trained for base model 'meta-llama/Llama-3-8B'" in warning and "'demo'" in warning
