@@ -296,7 +296,7 @@ class Placement:
         self._placed |= mine & loaded
         for name in sorted(mine | (loaded & specs.keys())):  # a changed source: swap versions
             swap = name in loaded and self._source_changed(specs[name])
-            if (name not in loaded or swap) and self._retries.due(name):
+            if (name not in loaded or swap) and self._retries.due(name, specs[name].source):
                 await self._load(specs[name], replace=swap)
         for name in sorted(set(controller.loaded) - mine):
             if name in specs and name in self._placed and self._keeps_copy(name, plan):
@@ -346,7 +346,7 @@ class Placement:
             log.debug("placement load deferred", adapter=spec.name, code=exc.code)
             return
         except LorafleetError as exc:
-            self._retries.failed(spec.name, spec.source.uri, exc)
+            self._retries.failed(spec.name, spec.source.uri, exc, spec.source)
             if self._report is not None:
                 self._report.mark_changed()
             return

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lorafleet.launch.cli import main as lorafleet
 from tests.frontend.conftest import wait_for_models
 from tests.worker.adapters import adapter_digest, make_adapter_dir
 
@@ -53,9 +54,14 @@ async def test_the_desired_state_carries_sha256_to_placement_and_a_mismatch_show
     assert failed["source"]["sha256"] == wrong
     assert failed["error"]["code"] == "conflict"
     assert right in failed["error"]["message"] and wrong in failed["error"]["message"]
-    assert (await _apply(frontend.http, uri, right)).status_code == 201
+    argv = ["lora", "apply", "pirate", uri, "--base-model", "demo", "--frontend", frontend.url,
+            "--sha256", right.removeprefix("sha256:"), "--wait-s", "0"]  # fmt: skip
+    await asyncio.to_thread(lorafleet, argv)  # exit 1 while the last failure still shows
     placed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")
     assert placed["digest"] == right
+    bad = ["lora", "apply", "pirate", uri, "--base-model", "demo", "--sha256", "abc"]
+    with pytest.raises(SystemExit):  # argparse: usage and exit 2, nothing sent
+        lorafleet(bad)
 
 
 async def test_a_malformed_sha256_in_the_desired_state_is_a_400(frontend) -> None:
