@@ -56,6 +56,9 @@ class _NoDownload:
     def release(self, uri: str) -> None:
         return None
 
+    def forget(self, uri: str) -> bool:
+        return False
+
 
 @dataclass
 class SimulatedInstance:

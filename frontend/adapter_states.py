@@ -114,12 +114,18 @@ class AdapterStates:
         now = self.state_of(spec)
         return AdapterStatus(
             name=spec.name, base_model=spec.base_model,
-            source=LoraSource(uri=public_uri(spec.source.uri)),
+            source=LoraSource(uri=public_uri(spec.source.uri), sha256=spec.source.sha256),
             replicas=spec.replicas, min_replicas=low, max_replicas=high, pinned=spec.pinned,
-            instances=now.instances, warnings=warnings or [], state=now.state,
+            instances=now.instances, warnings=[*(warnings or []), *self._card_warnings(spec.name)],
+            state=now.state,
             loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
             error=now.error, digest=self._digest(spec.name),
         )  # fmt: skip
+
+    def _card_warnings(self, name: str) -> list[str]:
+        """What the worker said when it loaded the weights a live instance serves."""
+        served = self._registry.get(name)
+        return list(served.card.warnings) if served is not None else []
 
     def _digest(self, name: str) -> str:
         served = self._registry.get(name)
@@ -133,6 +139,7 @@ def _served_status(served: ServedModel) -> AdapterStatus:
         replicas=0, min_replicas=0, max_replicas=0, state="unmanaged",
         instances=[f"{instance.instance_id:x}" for instance in served.instances],
         digest=served.card.digest,
+        warnings=list(served.card.warnings),
     )  # fmt: skip
 
 

@@ -53,6 +53,8 @@ class CardView(msgspec.Struct, frozen=True, gc=False):
     created: int
     digest: str = ""
     """An adapter's content digest as its card says (``sha256:<hex>``); "" for a base card."""
+    warnings: tuple[str, ...] = ()
+    """What the worker let through when it loaded the adapter (``LoraInfo.warnings``)."""
 
     @classmethod
     def of(cls, card: ModelDeploymentCard) -> CardView:
@@ -68,6 +70,7 @@ class CardView(msgspec.Struct, frozen=True, gc=False):
             max_lora_rank=_shared(card.runtime_config.max_lora_rank),
             created=card.created,
             digest="" if lora is None else lora.digest,
+            warnings=() if lora is None else tuple(lora.warnings),
         )
 
     @property

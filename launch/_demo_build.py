@@ -92,6 +92,7 @@ def save_base(model: LlamaForCausalLM, out: Path) -> None:
     config = json.loads((out / "config.json").read_text())
     config["torch_dtype"] = config["dtype"] = "bfloat16"  # older readers know only these
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    config["_name_or_path"] = BASE_MODEL_REF  # the hub id workers compare adapters' base with
     _write_json(out / "config.json", config)
     # transformers leaves GenerationConfig.__init__ unannotated.
     generation = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)  # type: ignore[no-untyped-call]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +26,7 @@ from lorafleet.launch.keys_cli import (
     tenants_command,
 )
 from lorafleet.process.cli_help import HelpFormatter, add_version
-from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.adapters import SHA256_PATTERN, AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
 
 __all__ = ["main"]
@@ -153,6 +154,9 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
         help="apply: most copies demand may add (default: --replicas)",
     )
     lora.add_argument("--pinned", action="store_true", help="apply: never evict placed copies")
+    lora.add_argument("--sha256", type=_sha256,
+                      help="apply: the adapter's expected content digest (sha256:<hex> or "
+                           "hex, as /v1/adapters shows it); other files are refused")  # fmt: skip
     lora.add_argument("--wait-s", type=float, default=DEFAULT_APPLY_WAIT_S,
                       help="apply: how long to wait for the adapter to leave pending/loading "
                            "(0: do not wait)")  # fmt: skip
@@ -206,6 +210,12 @@ def _replicas(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f'{value!r} is neither a number nor "all"') from None
+
+
+def _sha256(value: str) -> str:
+    if _SHA256.fullmatch(value) is None:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither sha256:<64 hex> nor 64 hex")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +299,7 @@ def _up(args: argparse.Namespace) -> int:
     return run_cluster(options)
 
 
+_SHA256: Final = re.compile(SHA256_PATTERN)
 _SPELLING: Final = {"name": "a NAME", "uri": "a URI", "base_model": "--base-model"}
 
 
@@ -311,7 +322,8 @@ def _lora(args: argparse.Namespace) -> int:
         return 2
     if args.action == "apply":
         adapter = AdapterSpec(
-            name=args.name, base_model=args.base_model, source=LoraSource(uri=args.uri),
+            name=args.name, base_model=args.base_model,
+            source=LoraSource(uri=args.uri, sha256=args.sha256),
             replicas=args.replicas, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, pinned=args.pinned,
         )  # fmt: skip

@@ -32,6 +32,7 @@ __all__ = [
     "LoraUpdate",
     "UnloadLoraRequest",
     "decode_adapter_spec",
+    "expected_digest",
     "encode_adapter_spec",
     "replica_bounds",
     "validate_adapter_spec",
@@ -49,6 +50,14 @@ Replicas = Annotated[
     Annotated[int, msgspec.Meta(le=MAX_REPLICAS)] | Literal["all"],
     msgspec.Meta(description=f'0 to {MAX_REPLICAS} copies, or "all" instances'),
 ]
+SHA256_PATTERN: Final = r"^(sha256:)?[0-9a-fA-F]{64}$"
+Sha256 = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=SHA256_PATTERN,
+        description="the adapter's content digest: sha256:<64 hex> or 64 hex",
+    ),
+]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 AdapterState = Literal["placed", "loading", "failed", "pending", "cold", "unmanaged", "evicted"]
 """Where an adapter stands (``docs/fleet.md``, "Adapter status"): the first five for a
@@ -56,10 +65,13 @@ desired one; ``unmanaged`` for one loaded straight onto workers (not in the desi
 ``evicted`` for such an adapter that placement evicted (its source and digest are kept)."""
 
 
-class LoraSource(msgspec.Struct, kw_only=True, frozen=True):
+class LoraSource(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """Where an adapter comes from: ``file://``, ``s3://`` or a registered scheme."""
 
     uri: Uri
+    sha256: Sha256 | None = None
+    """The content digest the adapter must have (``worker.lora.digest``); a load whose files
+    digest otherwise is refused with 409 before an engine reads them (``expected_digest``)."""
 
 
 class _Update(msgspec.Struct, kw_only=True, frozen=True, tag_field="update"):
@@ -107,6 +119,9 @@ class LoraResponse(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=Fals
     lora_id: int | None = None
     digest: str = ""
     """The content digest of the version serving now (``sha256:<hex>``)."""
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """What the load let through but an operator should know (e.g. the adapter was trained
+    for another base model, under ``DYN_LORA_BASE_MODEL_CHECK=warn``)."""
 
 
 class LoraListResponse(msgspec.Struct, kw_only=True, frozen=True):
@@ -255,6 +270,14 @@ def validate_adapter_spec(spec: AdapterSpec) -> AdapterSpec:
             "use e.g. file:///path or s3://bucket/prefix"
         )
     return spec
+
+
+def expected_digest(source: LoraSource) -> str | None:
+    """The digest ``source`` asks for as the workers write it (``sha256:<lower hex>``), or
+    None when it asks for none. ``source.sha256`` was checked when it was decoded."""
+    if source.sha256 is None:
+        return None
+    return "sha256:" + source.sha256.removeprefix("sha256:").lower()
 
 
 def validate_lora_name(name: str, *, base_model: str | None = None) -> str:

@@ -58,6 +58,9 @@ class LoraInfo(msgspec.Struct, kw_only=True, frozen=True):
     digest: str = ""
     """The content digest of the weights the engine holds (``sha256:<hex>``,
     ``worker.lora.digest``); empty from a worker that predates versions."""
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """What the worker let through when it loaded these weights (e.g. trained for another
+    base model, under ``DYN_LORA_BASE_MODEL_CHECK=warn``); ``/v1/adapters`` shows them."""
 
 
 class ModelDeploymentCard(msgspec.Struct, kw_only=True, frozen=True):

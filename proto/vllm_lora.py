@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from lorafleet.proto.adapters import LoraName, Uri
+from lorafleet.proto.adapters import LoraName, Sha256, Uri
 from lorafleet.proto.errors import InvalidRequestError, http_status
 
 __all__ = [
@@ -54,6 +54,8 @@ class LoadLoraAdapterRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Replace an adapter of that name that is already loaded (vLLM >= 0.10)."""
     base_model_name: str | None = None
     """Frontend only, when several base models are served: which one the adapter is for."""
+    sha256: Sha256 | None = None
+    """Ours (vLLM has none): the content digest the adapter must have (``LoraSource.sha256``)."""
 
 
 class UnloadLoraAdapterRequest(msgspec.Struct, kw_only=True, frozen=True):

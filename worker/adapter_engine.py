@@ -18,6 +18,7 @@ import msgspec
 
 from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import NotFoundError
+from lorafleet.worker.base_model_check import BaseModelPolicy, hub_id
 from lorafleet.worker.engine import EngineRoute, LLMEngine, ModelEndpoint
 from lorafleet.worker.lora_controller import AdapterSource, LoraController
 
@@ -44,7 +45,14 @@ class AdapterEngine(LLMEngine):
                 endpoint=endpoint,
                 source=self._adapter_source,
                 base_card=self.base_card(),
+                base_check=self.base_model_policy(),
             )
+
+    def base_model_policy(self) -> BaseModelPolicy:
+        """How loads compare an adapter's base model with this engine's names."""
+        config = self.config
+        names = (config.model_name, config.model, hub_id(config.model), *config.base_model_aliases)
+        return BaseModelPolicy.of(config.base_model_check, names)
 
     def base_card(self) -> ModelDeploymentCard:
         """The base card; ``runtime_config.enable_lora`` says whether adapters load here."""

@@ -66,6 +66,8 @@ class AdapterVersion:
 
     name: str
     uri: str
+    expected: str | None = None
+    """The digest the load asked for (``source.sha256``); fetching refuses any other."""
     phase: Phase = Phase.FETCHING
     path: Path | None = None
     digest: str = ""
@@ -73,6 +75,8 @@ class AdapterVersion:
     card: ModelDeploymentCard | None = None
     busy: int = 0
     """Requests running on this version now."""
+    warnings: list[str] = field(default_factory=list)
+    """What fetching let through but the load's answer should say (base model mismatch)."""
 
     @property
     def key(self) -> str:

@@ -23,6 +23,7 @@ from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, Settings, set
 from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig
 from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from lorafleet.proto.naming import lora_slug
+from lorafleet.worker.base_model_check import BaseModelCheck, comma_list
 
 __all__ = [
     "AdapterBackend",
@@ -96,6 +97,19 @@ class EngineConfig(Settings):
     max_lora_rank: Annotated[int, AT_LEAST_ONE] = setting(
         64, flag="--max-lora-rank", env="DYN_MAX_LORA_RANK",
         help="the largest adapter rank accepted",
+    )  # fmt: skip
+    base_model_check: BaseModelCheck = setting(
+        BaseModelCheck.WARN, flag="--lora-base-model-check", env="DYN_LORA_BASE_MODEL_CHECK",
+        help="an adapter trained for another base model: strict refuses it (400), warn loads it "
+        "with a warning in the answer, off does not compare",
+        more="The adapter's `base_model_name_or_path` is compared with the served name, the "
+        "model path, the hub id in the model's `config.json` and the aliases, exactly or by "
+        "last path segment ignoring case ([`docs/lora-manager.md`](docs/lora-manager.md)).",
+    )  # fmt: skip
+    base_model_aliases: tuple[str, ...] = setting(
+        (), flag="--lora-base-model-aliases", env="DYN_LORA_BASE_MODEL_ALIASES",
+        parse=comma_list, shown="", metavar="NAMES",
+        help="more names of the base model that adapters may name, comma-separated",
     )  # fmt: skip
     context_length: int = setting(
         2048, flag="--context-length", env="DYN_CONTEXT_LENGTH",

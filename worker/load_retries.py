@@ -47,16 +47,21 @@ class LoadRetries:
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._failures: dict[str, LoadFailure] = {}
+        self._tried: dict[str, object] = {}
+        """What each failing adapter was loaded from (its ``source``): another one is due now."""
 
     @property
     def failures(self) -> dict[str, LoadFailure]:
         """The last failure of each adapter still failing."""
         return dict(self._failures)
 
-    def due(self, name: str) -> bool:
-        """Whether ``name`` may be tried now (never failed, or its backoff is over)."""
+    def due(self, name: str, source: object = None) -> bool:
+        """Whether ``name`` may be tried now from ``source``: never failed, its backoff is
+        over, or the source changed (a fixed URI or ``sha256`` is not made to wait)."""
         failure = self._failures.get(name)
-        return failure is None or self._clock() >= failure.retry_at
+        if failure is None or self._tried.get(name) != source:
+            return True
+        return self._clock() >= failure.retry_at
 
     def next_retry_in_s(self) -> float | None:
         """Seconds until the earliest retry, None when nothing failed."""
@@ -64,8 +69,10 @@ class LoadRetries:
             return None
         return max(0.0, min(f.retry_at for f in self._failures.values()) - self._clock())
 
-    def failed(self, name: str, uri: str, exc: LorafleetError) -> None:
-        """Record a failed load of ``name`` from ``uri`` and schedule the next try."""
+    def failed(self, name: str, uri: str, exc: LorafleetError, source: object = None) -> None:
+        """Record a failed load of ``name`` from ``uri`` (``source``, compared by
+        :meth:`due`) and schedule the next try."""
+        self._tried[name] = source
         previous = self._failures.get(name)
         attempts = 1 if previous is None else previous.attempts + 1
         now = self._clock()
@@ -83,6 +90,7 @@ class LoadRetries:
     def succeeded(self, name: str) -> None:
         """``name`` loaded: forget its failure, and say so if it had failed."""
         previous = self._failures.pop(name, None)
+        self._tried.pop(name, None)
         if previous is not None:
             log.info("adapter loads again", adapter=name, failed_attempts=previous.attempts)
 
@@ -90,6 +98,7 @@ class LoadRetries:
         """Forget failures of adapters no longer placed here (deleted, or moved elsewhere)."""
         for name in [name for name in self._failures if name not in names]:
             del self._failures[name]
+            self._tried.pop(name, None)
 
 
 def _redact_uris(text: str) -> str:

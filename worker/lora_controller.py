@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -30,6 +30,7 @@ from lorafleet.proto.adapters import (
     LoraListResponse,
     LoraResponse,
     UnloadLoraRequest,
+    expected_digest,
     validate_lora_name,
 )
 from lorafleet.proto.discovery import ModelDeploymentCard
@@ -44,6 +45,7 @@ from lorafleet.proto.limits import shorten
 from lorafleet.proto.uris import split_uri
 from lorafleet.worker import metrics
 from lorafleet.worker.adapter_record import AdapterRecord, AdapterVersion, Phase, Role
+from lorafleet.worker.base_model_check import BaseModelPolicy
 from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.engine import AdapterBackend, EngineRoute, ModelEndpoint
 from lorafleet.worker.eviction import IN_USE_S, Eviction, FleetDemand
@@ -84,7 +86,7 @@ class LoraController:
     Example::
 
         controller = LoraController(backend=engine, endpoint=endpoint, source=manager,
-                                    base_card=engine.base_card())
+                                    base_card=engine.base_card(), base_check=policy)
         await controller.load(LoadLoraRequest(lora_name="pirate", source=LoraSource(uri=uri)))
     """
 
@@ -95,10 +97,12 @@ class LoraController:
         endpoint: ModelEndpoint,
         source: AdapterSource,
         base_card: ModelDeploymentCard,
+        base_check: BaseModelPolicy,
     ) -> None:
         self._steps = VersionSteps(
-            backend=backend, endpoint=endpoint, source=source, base_card=base_card
-        )
+            backend=backend, endpoint=endpoint, source=source, base_card=base_card,
+            base_check=base_check,
+        )  # fmt: skip
         self._base_card = base_card
         self._max_loras = base_card.runtime_config.max_loras
         self.records: dict[str, AdapterRecord] = {}
@@ -235,7 +239,7 @@ class LoraController:
         try:
             started = time.perf_counter()
             with _counted("load", name):
-                message = await self._load_locked(record, uri, request)
+                message, warnings = await self._load_locked(record, uri, request)
             metrics.ADAPTER_LOAD_SECONDS.observe(time.perf_counter() - started)
         finally:
             record.lock.release()
@@ -245,7 +249,8 @@ class LoraController:
         serving = record.serving
         assert serving is not None
         return LoraResponse(status="success", message=message, lora_name=name,
-                            lora_id=serving.lora_id, digest=serving.digest)  # fmt: skip
+                            lora_id=serving.lora_id, digest=serving.digest,
+                            warnings=[*warnings])  # fmt: skip
 
     async def unload(self, request: UnloadLoraRequest) -> LoraResponse:
         """Retract and remove an adapter; on a failed removal the card is published again."""
@@ -325,7 +330,10 @@ class LoraController:
             )
         return uri
 
-    async def _load_locked(self, record: AdapterRecord, uri: str, request: LoadLoraRequest) -> str:
+    async def _load_locked(
+        self, record: AdapterRecord, uri: str, request: LoadLoraRequest
+    ) -> tuple[str, Sequence[str]]:
+        """The load's message and warnings."""
         old = record.serving
         if old is not None and old.uri != uri and not request.replace:
             raise ConflictError(
@@ -334,12 +342,12 @@ class LoraController:
                 f"{redact_uri(uri)}",
                 lora_name=record.name,
             )
-        new = AdapterVersion(name=record.name, uri=uri)
+        new = AdapterVersion(name=record.name, uri=uri, expected=expected_digest(request.source))
         record.versions.append(new)
         try:
             await step("fetch", old, self._steps.fetch(new))
             if old is not None and new.digest == old.digest:
-                return await self._same_weights(record, old, new)
+                return await self._same_weights(record, old, new), old.warnings
             await step("slot", old, self._take_slot(new, request.evict_placed))
             await step("add", old, self._steps.add(new))
             await step("publish", old, self._steps.publish(record, new))
@@ -350,10 +358,13 @@ class LoraController:
         record.evicted_at, record.evicted_reason = 0.0, ""
         if old is None:
             log.info("adapter loaded", adapter=record.name, uri=redact_uri(uri), digest=new.digest)
-            return f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})"
+            return (
+                f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})",
+                new.warnings,
+            )
         await self._steps.retire(record, old)
         log.info("adapter swapped", adapter=record.name, old=old.digest, new=new.digest)
-        return f"adapter {record.name!r} swapped from {old.digest} to {new.digest}"
+        return f"adapter {record.name!r} swapped from {old.digest} to {new.digest}", new.warnings
 
     async def _same_weights(
         self, record: AdapterRecord, old: AdapterVersion, new: AdapterVersion

@@ -41,6 +41,7 @@ from lorafleet.proto.adapters import (
     LoadLoraRequest,
     UnloadLoraRequest,
     decode_adapter_spec,
+    expected_digest,
     replica_bounds,
 )
 from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
@@ -302,14 +303,21 @@ class Placement:
         self._retries.retain(mine | (loaded & specs.keys()))
         self._placed |= mine & loaded
         for name in sorted(mine | (loaded & specs.keys())):  # a changed source: swap versions
-            swap = name in loaded and controller.records[name].source != specs[name].source.uri
-            if (name not in loaded or swap) and self._retries.due(name):
+            swap = name in loaded and self._source_changed(specs[name])
+            if (name not in loaded or swap) and self._retries.due(name, specs[name].source):
                 await self._load(specs[name], replace=swap)
         for name in sorted(set(controller.loaded) - mine):
             if name in specs and name in self._placed and self._keeps_copy(name, plan):
                 self._placed.discard(name)  # the plan let go of it: on demand's from now on
             if self._should_unload(name, name in specs, plan):
                 await self._unload(name)
+
+    def _source_changed(self, spec: AdapterSpec) -> bool:
+        """Whether the loaded copy of ``spec`` came from another source, or has another digest
+        than the one the desired state expects."""
+        record = self._controller.records[spec.name]
+        expected = expected_digest(spec.source)
+        return record.source != spec.source.uri or expected not in (None, record.digest)
 
     def _keeps_copy(self, name: str, plan: dict[str, list[int]]) -> bool:
         """Whether this instance keeps its copy of a desired adapter the plan places nowhere
@@ -346,7 +354,7 @@ class Placement:
             log.debug("placement load deferred", adapter=spec.name, code=exc.code)
             return
         except LorafleetError as exc:
-            self._retries.failed(spec.name, spec.source.uri, exc)
+            self._retries.failed(spec.name, spec.source.uri, exc, spec.source)
             if self._report is not None:
                 self._report.mark_changed()
             return

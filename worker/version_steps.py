@@ -1,8 +1,9 @@
 """The steps that move one adapter version through the engine and etcd, each undoable.
 
-fetch (resolve and digest), add, publish (the one instant new requests switch to it),
-retire (drain, then remove), discard (undo a version that did not make it) and
-remove_all (unload). ``worker.lora_controller`` decides which steps run, under the
+fetch (resolve, digest, and the checks that need the files: the expected digest and the
+base model, so the engine never reads a refused adapter), add, publish (the one instant new
+requests switch to it), retire (drain, then remove), discard (undo a version that did not
+make it) and remove_all (unload). ``worker.lora_controller`` decides which steps run, under the
 record's lock and within the slots; this module does no bookkeeping of slots or names.
 """
 
@@ -19,9 +20,10 @@ import msgspec
 import structlog
 
 from lorafleet.proto.discovery import LoraInfo, ModelDeploymentCard
-from lorafleet.proto.errors import LorafleetError, UpstreamError
+from lorafleet.proto.errors import ConflictError, LorafleetError, UpstreamError
 from lorafleet.proto.naming import lora_id, lora_slug
 from lorafleet.worker.adapter_record import AdapterRecord, AdapterVersion, Phase
+from lorafleet.worker.base_model_check import BaseModelPolicy
 from lorafleet.worker.engine import AdapterBackend, ModelEndpoint
 from lorafleet.worker.lora import redact_uri
 from lorafleet.worker.lora.digest import content_digest
@@ -49,24 +51,31 @@ class AdapterSource(Protocol):
         """The adapter from ``uri`` was unloaded; its cache entry may be evicted."""
         ...
 
+    def forget(self, uri: str) -> bool:
+        """Delete the cached copy of ``uri`` unless a loaded adapter uses it (a retry
+        downloads it again); whether one was deleted."""
+        ...
+
 
 class VersionSteps:
     """Runs one version's steps against the engine, etcd and the LoRA manager.
 
     Example::
 
-        steps = VersionSteps(backend=engine, endpoint=endpoint, source=manager, base_card=card)
+        steps = VersionSteps(backend=engine, endpoint=endpoint, source=manager, base_card=card,
+                             base_check=policy)
         await steps.fetch(version); await steps.add(version); await steps.publish(record, version)
     """
 
     def __init__(
         self, *, backend: AdapterBackend, endpoint: ModelEndpoint, source: AdapterSource,
-        base_card: ModelDeploymentCard,
+        base_card: ModelDeploymentCard, base_check: BaseModelPolicy,
     ) -> None:  # fmt: skip
         self.backend = backend
         self._endpoint = endpoint
         self.source = source
         self._base_card = base_card
+        self._base_check = base_check
         self._finished = asyncio.Event()
         """Set when a request ends: a draining version waits for its last one."""
 
@@ -75,13 +84,24 @@ class VersionSteps:
         self._finished.set()
 
     async def fetch(self, version: AdapterVersion) -> None:
-        """Resolve the source to a directory and digest its files (once per load)."""
+        """Resolve the source to a directory, digest its files (once per load), and refuse
+        them unless they have the expected digest and suit the base model."""
         path = await self.source.acquire(version.uri)
         try:
             version.digest = await asyncio.to_thread(content_digest, path)
+            mismatched = version.expected not in (None, version.digest)
+            if not mismatched:
+                check = self._base_check.check
+                version.warnings = await asyncio.to_thread(check, version.name, path)
         except OSError as exc:
             self.source.release(version.uri)
             raise UpstreamError(f"cannot read adapter files at {path}: {exc}") from exc
+        except BaseException:
+            self.source.release(version.uri)
+            raise
+        if mismatched:  # its cached copy goes: a retry downloads it again
+            self.source.release(version.uri)
+            raise _mismatch(version, deleted=self.source.forget(version.uri))
         version.path = path
         version.lora_id = lora_id(version.name, version.digest)
         version.card = self._card(version)
@@ -161,10 +181,22 @@ class VersionSteps:
         info = LoraInfo(
             name=name, lora_id=version.lora_id, base_model=base.display_name,
             uri=redact_uri(version.uri), local_path=str(version.path), digest=version.digest,
+            warnings=version.warnings,
         )  # fmt: skip
         return msgspec.structs.replace(
             base, display_name=name, slug=lora_slug(name), source_path=str(version.path), lora=info
         )
+
+
+def _mismatch(version: AdapterVersion, *, deleted: bool) -> ConflictError:
+    """The error for files whose digest is not the one the load asked for."""
+    gone = "; its cached copy was deleted" if deleted else ""
+    return ConflictError(
+        f"adapter {version.name!r}: expected sha256 {version.expected}, its files have "
+        f"{version.digest}{gone} (source {redact_uri(version.uri)}); check the files at the "
+        "source, or the sha256 given",
+        lora_name=version.name, expected=version.expected, digest=version.digest,
+    )  # fmt: skip
 
 
 async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:

@@ -91,7 +91,7 @@ async def load_lora_adapter(request: Request[Any, Any, Any], status: StatusState
         return _error(vllm_already_loaded(body.lora_name))
     # load_inplace swaps make before break: the old version serves until the new one does,
     # and keeps serving if any step fails
-    load = LoadLoraRequest(lora_name=body.lora_name, source=LoraSource(uri=uri),
+    load = LoadLoraRequest(lora_name=body.lora_name, source=LoraSource(uri=uri, sha256=body.sha256),
                            replace=body.load_inplace)  # fmt: skip
     reply = await status.call("update/load_lora", msgspec.to_builtins(load))
     failed = _reply_error(reply)

@@ -137,7 +137,7 @@ class VllmLoraController(Controller):
             return _error(vllm_missing_load_fields())
         name, registry = data.lora_name, services.registry
         try:
-            source = LoraSource(uri=lora_path_uri(data.lora_path))
+            source = LoraSource(uri=lora_path_uri(data.lora_path), sha256=data.sha256)
             declared = services.desired.get(name)
             if not data.load_inplace and _loaded(name, source, declared, registry):
                 return _error(vllm_already_loaded(name))

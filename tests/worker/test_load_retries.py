@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lorafleet.proto.errors import NotFoundError
+from lorafleet.proto.adapters import LoraSource
+from lorafleet.proto.errors import ConflictError, NotFoundError
 from lorafleet.worker.load_retries import RETRY_CAP_S, LoadRetries
 from tests.hand_clock import HandClock
 
@@ -31,3 +32,12 @@ def test_failures_of_adapters_no_longer_placed_are_forgotten() -> None:
     retries.failed("b", "file:///b", NotFoundError("gone"))
     retries.retain({"b"})
     assert set(retries.failures) == {"b"}
+
+
+def test_a_changed_source_is_due_at_once_the_same_one_waits_for_its_backoff() -> None:
+    clock = HandClock()
+    retries = LoadRetries(clock=clock)
+    wrong = LoraSource(uri="s3://bucket/pirate", sha256="0" * 64)
+    retries.failed("pirate", wrong.uri, ConflictError("digest differs"), wrong)
+    assert not retries.due("pirate", wrong)
+    assert retries.due("pirate", LoraSource(uri="s3://bucket/pirate", sha256="1" * 64))

@@ -103,6 +103,7 @@ async def test_load_publishes_card_and_unload_retracts_it(lora_worker, etcd, nam
             "status": "success",
             "message": f"adapter 'pirate' loaded from {adapters['pirate']} ({DIGEST})",
             "lora_name": "pirate", "lora_id": lora_id("pirate", DIGEST), "digest": DIGEST,
+            "warnings": [],
         }  # fmt: skip
         listing = await etcd.get_prefix(f"v1/mdc/{namespace}/".encode())
         (card,) = [decode_card(kv.value) for kv in listing if decode_card(kv.value).lora]

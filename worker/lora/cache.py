@@ -91,6 +91,13 @@ class AdapterCache:
             return entry
         raise OSError(errno.EEXIST, f"cache entry {key} kept changing under this process")
 
+    def remove(self, key: str) -> bool:
+        """Delete the entry of ``key`` if there is one (its files had the wrong digest)."""
+        if not (self.root / key).exists():
+            return False
+        self._remove(self.root / key)
+        return True
+
     def evict(self, *, keep: set[str]) -> list[str]:
         """Delete least recently used entries, except ``keep`` and in-use ones, down to the cap."""
         if self.max_bytes is None:

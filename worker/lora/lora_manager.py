@@ -191,6 +191,23 @@ class LoRAManager:
             except OSError as exc:
                 log.warning("lora.unmark_failed", uri=redact_uri(uri), error=type(exc).__name__)
 
+    def forget(self, uri: str) -> bool:
+        """Delete the cached copy of ``uri`` unless a loaded adapter uses it or a download of
+        it runs, so the next load downloads again; whether a copy was deleted (in-place
+        ``file://`` adapters have none)."""
+        key = cache_key(uri)
+        if self._users[key] > 0 or key in self._inflight:
+            log.warning("lora.forget_in_use", uri=redact_uri(uri), key=key)
+            return False
+        try:
+            removed = self._cache.remove(key)
+        except OSError as exc:
+            log.warning("lora.forget_failed", uri=redact_uri(uri), error=type(exc).__name__)
+            return False
+        if removed:
+            log.info("lora.forgotten", uri=redact_uri(uri), key=key)
+        return removed
+
     async def aclose(self) -> None:
         """Cancel downloads in flight (their private directories are deleted) and wait for them."""
         tasks = list(self._inflight.values())

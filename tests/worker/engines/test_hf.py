@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -27,6 +30,7 @@ from lorafleet.proto.inference import (
     TokenChunk,
 )
 from lorafleet.proto.naming import lora_id
+from lorafleet.worker.base_model_check import BaseModelCheck
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines.hf import HFEngine
 
@@ -239,3 +243,33 @@ async def test_stopped_engine_refuses_requests(demo: DemoModelPaths) -> None:
         pass
     with pytest.raises(UnavailableError):
         await answer(fresh, chat(DEMO_MODEL_NAME))
+
+
+def _changed_adapter(demo: DemoModelPaths, into: Path, **config: Any) -> Path:
+    """A copy of the demo's pirate adapter with ``config`` changed in ``adapter_config.json``."""
+    shutil.copytree(demo.adapters["pirate"], into)
+    written = json.loads((into / "adapter_config.json").read_text())
+    (into / "adapter_config.json").write_text(json.dumps({**written, **config}))
+    return into
+
+
+async def test_an_adapter_whose_modules_or_shapes_do_not_fit_is_a_400_naming_the_module(
+    demo: DemoModelPaths, tmp_path: Path
+) -> None:
+    """Whatever DYN_LORA_BASE_MODEL_CHECK says: peft refuses, and the engine says so as a 400."""
+    missing = _changed_adapter(demo, tmp_path / "missing", target_modules=["no_such_proj"])
+    misshapen = _changed_adapter(demo, tmp_path / "misshapen", r=4)  # the weights are rank 8
+    async with started(demo) as fresh:
+        with pytest.raises(InvalidRequestError, match=r"no_such_proj.*not found in the base model"):
+            await fresh.add_adapter("missing", lora_id("missing"), missing)
+        with pytest.raises(InvalidRequestError, match=r"size mismatch for .*q_proj\.lora_A"):
+            await fresh.add_adapter("misshapen", lora_id("misshapen"), misshapen)
+        await fresh.add_adapter("pirate", lora_id("pirate"), demo.adapters["pirate"])
+        assert set(fresh.loaded_adapters()) == {"pirate"}
+
+
+def test_the_demo_adapters_match_the_demo_base_model_by_its_hub_id(demo: DemoModelPaths) -> None:
+    engine = HFEngine(EngineConfig(model=str(demo.base), served_model_name=DEMO_MODEL_NAME,
+                                   base_model_check=BaseModelCheck.STRICT))  # fmt: skip
+    policy = engine.base_model_policy()
+    assert all(policy.check(name, path) == [] for name, path in demo.adapters.items())
