@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -35,6 +36,7 @@ from lorafleet.proto.discovery import Instance, decode_instance
 
 __all__ = [
     "admin_headers",
+    "admin_request",
     "apply_adapter",
     "delete_adapter",
     "discover",
@@ -124,15 +126,21 @@ def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
 
 
-def _print_answer(method: str, url: str, body: bytes | None = None) -> int:
-    """Send one admin request to a frontend, print its JSON answer; 0 on a 2xx status."""
+def admin_request(
+    method: str, url: str, body: bytes | None = None, *, show: Callable[[Any], None] | None = None
+) -> int:
+    """Send one admin request to a frontend and print the error, its JSON answer, or
+    ``show(answer)`` for a 2xx answer when ``show`` is given; 0 on a 2xx status."""
     try:
         response = httpx.request(method, url, content=body, headers=admin_headers(), timeout=30)
-        answer: Any = response.json()
+        answer: Any = response.json() if response.content else {}
     except (httpx.HTTPError, ValueError) as exc:
         print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
         return 1
-    print(json.dumps(answer))
+    if response.is_success and show is not None:
+        show(answer)
+    else:
+        print(json.dumps(answer))
     return 0 if response.is_success else 1
 
 
@@ -161,7 +169,7 @@ def apply_adapter(
 
 def delete_adapter(frontend_url: str, name: str) -> int:
     """``DELETE /v1/adapters/{name}``: remove the adapter from the desired state."""
-    return _print_answer("DELETE", f"{frontend_url}/v1/adapters/{quote(name)}")
+    return admin_request("DELETE", f"{frontend_url}/v1/adapters/{quote(name)}")
 
 
 def list_models(frontend_url: str, *, as_json: bool = False) -> int:

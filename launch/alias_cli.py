@@ -17,7 +17,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from lorafleet.launch.admin import admin_headers
+from lorafleet.launch.admin import admin_request
 from lorafleet.launch.table import print_table
 from lorafleet.proto.aliases import (
     AliasRequest,
@@ -98,7 +98,8 @@ def alias_command(args: argparse.Namespace) -> int:
         )
         return 2
     path, body = _request(args)
-    return _post(f"{args.frontend}{path}", msgspec.json.encode(body), as_json=args.json)
+    show = None if args.json else lambda answer: _print_aliases([answer])
+    return admin_request("POST", f"{args.frontend}{path}", msgspec.json.encode(body), show=show)
 
 
 def _request(args: argparse.Namespace) -> tuple[str, msgspec.Struct]:
@@ -130,20 +131,6 @@ def _target(text: str) -> AliasTarget:
     if not model or not weight.lstrip("-").isdigit():
         raise ValueError(f"target {text!r} must look like MODEL=WEIGHT, e.g. bot-v1=90")
     return AliasTarget(model=model, weight=int(weight))
-
-
-def _post(url: str, body: bytes, *, as_json: bool) -> int:
-    try:
-        response = httpx.post(url, content=body, headers=admin_headers(), timeout=30)
-        answer: Any = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
-        return 1
-    if not response.is_success or as_json:
-        print(json.dumps(answer))
-    else:
-        _print_aliases([answer])
-    return 0 if response.is_success else 1
 
 
 def _status(frontend: str, name: str | None, *, as_json: bool) -> int:

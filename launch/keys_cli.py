@@ -8,15 +8,13 @@ lost key is revoked and made again, never shown again.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Final
 from urllib.parse import quote
 
-import httpx
 import msgspec
 
-from lorafleet.launch.admin import admin_headers
+from lorafleet.launch.admin import admin_request
 from lorafleet.launch.table import print_table
 from lorafleet.proto.tenants import ApiKeyRequest, Tenant
 
@@ -31,7 +29,6 @@ __all__ = [
 
 KEY_ACTIONS: Final = ("create", "list", "revoke")
 TENANT_ACTIONS: Final = ("set", "list", "delete")
-_TIMEOUT_S: Final = 30
 
 
 def add_key_flags(keys: argparse.ArgumentParser) -> None:
@@ -99,18 +96,7 @@ def tenants_command(args: argparse.Namespace) -> int:
 
 def _call(method: str, url: str, body: bytes | None, as_json: bool, show: Any) -> int:
     """Send one admin request; print the error, the JSON, or ``show(answer)``."""
-    try:
-        response = httpx.request(method, url, content=body, headers=admin_headers(),
-                                 timeout=_TIMEOUT_S)  # fmt: skip
-        answer: Any = response.json() if response.content else {}
-    except (httpx.HTTPError, ValueError) as exc:
-        print(json.dumps({"status": "error", "message": f"{url}: {exc}"}))
-        return 1
-    if not response.is_success or as_json:
-        print(json.dumps(answer))
-    else:
-        show(answer)
-    return 0 if response.is_success else 1
+    return admin_request(method, url, body, show=None if as_json else show)
 
 
 def _print_new_key(answer: dict[str, Any]) -> None:
