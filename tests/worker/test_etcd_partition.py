@@ -21,7 +21,7 @@ from tests.faults import TcpProxy
 from tests.processes import ServiceProcess
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.streaming import stream
-from tests.worker.test_lora_lifecycle import LORA_ENV, assert_invariant
+from tests.worker.test_lora_lifecycle import DIGEST, LORA_ENV, assert_invariant
 
 HEAL_TIMEOUT_S = 30
 
@@ -84,7 +84,7 @@ async def test_worker_cut_from_etcd_says_so_and_republishes_on_heal(
         assert health["etcd"] == "lease held" and health["instance_id"] == instance_id
         await assert_invariant(client, etcd, namespace)
         assert (await client.post("/engine/update/list_loras", json={})).json()["loras"] == {
-            "pirate": lora_id("pirate")
+            "pirate": lora_id("pirate", DIGEST)
         }
         keys = await _instance_keys(etcd, namespace, instance_id)
         assert len(keys) == 3, keys  # instance record, base card, the pirate card
