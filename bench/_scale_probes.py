@@ -231,7 +231,7 @@ async def etcd_status(etcd: EtcdClient) -> tuple[int, int]:
 
 
 def placement_per_change(instances: int, adapters: int) -> dict[str, Any]:
-    """ms one worker spends on a placement pass after a change (``proto.placement.plan_copies``).
+    """ms one worker spends on a placement pass after a change (``fleet.placement.plan_copies``).
 
     The worst of the changes ``bench.plan_copies`` times (an instance joins or leaves, 100
     adapters get a copy more), on a settled plan with the worker's rendezvous cache warm;

@@ -1,6 +1,6 @@
 """How long one placement pass takes per change, for a large fleet (issue 15: under 50 ms).
 
-Times ``proto.placement.plan_copies`` as every worker runs it on each change: the
+Times ``fleet.placement.plan_copies`` as every worker runs it on each change: the
 same ``RendezvousCache`` across passes, the current copies as ``held``, Zipf(1.0)
 demand. Default shape: 100 instances of 200 slots, 10,000 adapters of 1 to 3 copies. No servers:
 pure CPU in this process; wall and CPU time are both reported (the CPU time

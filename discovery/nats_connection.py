@@ -2,7 +2,7 @@
 
 ``NatsConnection.connect`` is a single attempt (one pass over ``NATS_SERVER``) that
 raises our error; a start-up retry loop goes around it. Once connected, nats-py
-reconnects forever, waiting our capped, jittered backoff (``proto.backoff``)
+reconnects forever, waiting our capped, jittered backoff (``process.backoff``)
 between failed tries; the list's servers are failed over in turn. Should the
 library close the connection anyway (a server's ``-ERR`` after a credentials
 reload), the owner's ``on_lost`` callback runs so the process can exit non-zero.

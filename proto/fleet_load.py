@@ -31,7 +31,7 @@ class LoadFailure(msgspec.Struct, kw_only=True, frozen=True):
     at: float
     """When it failed, seconds since the epoch."""
     attempts: int = 1
-    """Failed attempts in a row; the retry delay grows with it (``proto.backoff``)."""
+    """Failed attempts in a row; the retry delay grows with it (``process.backoff``)."""
     retry_at: float = 0.0
     """When placement tries again, seconds since the epoch (0: not retried)."""
 

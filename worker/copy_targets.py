@@ -2,7 +2,7 @@
 
 Every worker computes this from the same fleet demand (the sum of the load
 records), so they agree without a coordinator. A copy is added as soon as demand
-per copy passes the prefetch threshold (``proto.placement.wanted_copies``); one is
+per copy passes the prefetch threshold (``fleet.placement.wanted_copies``); one is
 dropped only after demand stayed low enough for it (``may_drop_copy``) for the
 whole cool-down, one copy per cool-down, so a dip does not unload a warm copy.
 An adapter declared with no lower bound (``min_replicas: 0``) gets placed copies only

@@ -1,6 +1,6 @@
 """Placement's failed loads: when to try each again, and one log line per state change.
 
-A desired adapter that cannot load is retried with ``proto.backoff``'s capped
+A desired adapter that cannot load is retried with ``process.backoff``'s capped
 exponential backoff (up to ``RETRY_CAP_S``), not every pass. Its last failure
 (code, message with URIs redacted, attempts, next try) goes into the load
 record, so ``/v1/adapters`` can show it. The log says when an adapter starts

@@ -2,7 +2,7 @@
 
 Each worker watches the desired state (``v1/adapters/{ns}/``), the cards of its
 peers (``v1/mdc/{ns}/``) and their load records (``v1/load/{ns}/``), computes the
-same plan as every other worker (``proto.placement.plan_copies``: copies from
+same plan as every other worker (``fleet.placement.plan_copies``: copies from
 fleet demand, rendezvous order with loads bounded by count and by demand, held copies
 stay) and
 converges by itself; there is no coordinator. Loads and unloads go through the
