@@ -6,19 +6,14 @@ Real processes: ``lorafleet up`` with the mocker engine (etcd, NATS, a frontend,
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from lorafleet.launch.local_servers import free_port
-from tests.launch.test_cluster import STOP_WAIT_S, drain
-from tests.launch.test_up_owns_its_cluster import LORAFLEET, _user_env
+from tests.launch.test_up_owns_its_cluster import _user_env, running_up
 from tests.worker.adapters import make_adapter_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -27,28 +22,11 @@ LISTEN_STATE = "0A"
 LOOPBACK_HEX = "0100007F"
 
 
-@contextmanager
-def _up(cwd: Path, http_port: int, system_port: int) -> Iterator[None]:
-    """``lorafleet up --engine mocker`` until ready; Ctrl-C (SIGINT) when the block ends."""
-    argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
-            "--system-port", str(system_port)]  # fmt: skip
+def _up(cwd: Path, http_port: int, system_port: int) -> AbstractContextManager[tuple[int, int]]:
+    """``lorafleet up --engine mocker`` on these ports with no ``DYN_LORA_FILE_ROOTS`` of the
+    user's: the defaults it sets itself are what these tests check."""
     env = {k: v for k, v in _user_env().items() if k != "DYN_LORA_FILE_ROOTS"}
-    up = subprocess.Popen(argv, cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        assert up.stdout is not None
-        lines = []
-        for line in up.stdout:
-            lines.append(line)
-            if line.startswith("Press Ctrl-C"):
-                threading.Thread(target=drain, args=(up.stdout,), daemon=True).start()
-                break
-        else:
-            raise AssertionError("lorafleet up exited:\n" + "".join(lines[-40:]))
-        yield
-    finally:
-        up.send_signal(signal.SIGINT)
-        assert up.wait(STOP_WAIT_S) == 0
+    return running_up(cwd, ports=(http_port, system_port), env=env)
 
 
 def _listen_addresses(port: int) -> set[str]:

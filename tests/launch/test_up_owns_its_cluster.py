@@ -79,13 +79,18 @@ def test_up_with_its_http_port_taken_exits_1_naming_the_port_and_starts_nothing(
 
 
 @contextmanager
-def _running_up(cwd: Path, *flags: str) -> Iterator[tuple[int, int]]:
-    """``lorafleet up --engine mocker [flags]`` in ``cwd`` until ready; Ctrl-C when the block
-    ends."""
-    http_port, system_port = free_port(), free_port()
+def running_up(
+    cwd: Path,
+    *flags: str,
+    ports: tuple[int, int] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[int, int]]:
+    """``lorafleet up --engine mocker [flags]`` in ``cwd`` on ``ports`` (HTTP, status; free
+    ones by default) until ready; Ctrl-C when the block ends, which must exit 0."""
+    http_port, system_port = ports or (free_port(), free_port())
     argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
             "--system-port", str(system_port), *flags]  # fmt: skip
-    up = subprocess.Popen(argv, cwd=cwd, env=_user_env(), text=True,
+    up = subprocess.Popen(argv, cwd=cwd, env=_user_env() if env is None else env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         assert up.stdout is not None
@@ -109,7 +114,7 @@ def _lorafleet(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_lora_list_after_up_talks_to_that_cluster_when_etcd_moved(tmp_path: Path) -> None:
-    with _etcd_default_port_taken(), _running_up(tmp_path) as (http_port, system_port):
+    with _etcd_default_port_taken(), running_up(tmp_path) as (http_port, system_port):
         state = json.loads((tmp_path / ".lorafleet" / "cluster.json").read_text())
         assert state["etcd_env"]["ETCD_ENDPOINTS"] != f"http://127.0.0.1:{ETCD_DEFAULT_PORT}"
         table = _lorafleet(tmp_path, "lora", "list")
@@ -167,7 +172,7 @@ def test_up_declares_its_adapters_in_the_desired_state_and_passes_engine_options
 ) -> None:
     sql = make_adapter_dir(tmp_path / "adapters", "sql")
     flags = ("--adapter", f"sql={sql}", "--engine-option", "output_tokens=3")
-    with _running_up(tmp_path, *flags) as (http_port, _system_port):
+    with running_up(tmp_path, *flags) as (http_port, _system_port):
         state = json.loads((tmp_path / ".lorafleet" / "cluster.json").read_text())
         declared = asyncio.run(_desired(state["etcd_env"]["ETCD_ENDPOINTS"], state["namespace"]))
         frontend = f"http://127.0.0.1:{http_port}"
