@@ -4,10 +4,12 @@ Run in the vLLM venv: ``VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobin
 .venv-vllm/bin/python -m bench.vllm_serve``. Both sides serve the demo model and its
 two adapters with the same engine settings (``ENGINE``: dtype, max_model_len,
 max_num_seqs, LoRA slots and rank, eager; the KV cache from the environment). Each
-side's cold start (process start → first pirate answer) and runtime load (robot's
-load call → its first answer) come first; then the same closed-loop streaming
-client drives one side, then the other, alternated, at each concurrency, over the
-base model and both adapters in turn. Last, greedy answers of both sides and of
+side's cold start (process start → first pirate answer; both start together) comes
+first, then each side's runtime load (robot's load call → its first answer), one side
+at a time so that neither shares the CPU with the other's start. One unmeasured round
+at every concurrency on each side follows, then the same closed-loop streaming client
+drives one side, then the other, alternated, at each concurrency, over the base model
+and both adapters in turn. Last, greedy answers of both sides and of
 the hf engine (same weights, float32) are compared per model and prompt.
 Prints figures; asserts nothing.
 """
@@ -127,8 +129,8 @@ async def _load(port: int, name: str, demo: DemoModelPaths) -> float:
     return time.monotonic() - started
 
 
-async def _start(side: Side, started: float, demo: DemoModelPaths) -> None:
-    """Cold start (process start → first pirate answer), then robot's runtime load."""
+async def _cold_start(side: Side, started: float, demo: DemoModelPaths) -> None:
+    """Cold start: process start → first pirate answer."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while (await _models_status(side.port)) != 200:
         if side.service.process.poll() is not None or time.monotonic() > deadline:
@@ -136,7 +138,6 @@ async def _start(side: Side, started: float, demo: DemoModelPaths) -> None:
         await asyncio.sleep(0.2)
     await _load(side.port, "pirate", demo)
     side.cold_start_s = time.monotonic() - started
-    side.runtime_load_s = await _load(side.port, "robot", demo)
 
 
 async def _models_status(port: int) -> int:
@@ -175,7 +176,10 @@ def _session(port: int, tokens: list[int], itl_s: list[float]) -> Session:
     return open_session
 
 
-async def _step(side: Side, concurrency: int, args: argparse.Namespace) -> None:
+async def _step(
+    side: Side, concurrency: int, args: argparse.Namespace, *, measured: bool = True
+) -> None:
+    """One closed-loop window on ``side``; its figures are kept when ``measured``."""
     tokens: list[int] = []
     itl_s: list[float] = []
     session = _session(side.port, tokens, itl_s)
@@ -187,7 +191,8 @@ async def _step(side: Side, concurrency: int, args: argparse.Namespace) -> None:
     mean_tokens = statistics.fmean(tokens) if tokens else 0.0
     figures["output_tokens_per_s"] = round(figures["requests_per_s"] * mean_tokens, 1)
     figures["itl_p50_ms"] = ms(percentile(itl_s, 0.5))
-    side.steps.setdefault(concurrency, []).append(figures)
+    if measured:
+        side.steps.setdefault(concurrency, []).append(figures)
 
 
 def _median(steps: list[dict[str, Any]], key: str) -> float | None:
@@ -227,8 +232,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         serve = _vllm_serve(cluster, demo)
         theirs = Side("vllm_serve", serve.port, serve)
         await asyncio.gather(
-            _start(ours, ours_started, demo), _start(theirs, time.monotonic(), demo)
+            _cold_start(ours, ours_started, demo), _cold_start(theirs, time.monotonic(), demo)
         )
+        # one side at a time: a load timed while the other side still starts shares its CPU
+        for side in (ours, theirs):
+            side.runtime_load_s = await _load(side.port, "robot", demo)
+        for side in (ours, theirs):  # unmeasured: each engine's first batches of a shape
+            for concurrency in args.concurrency:
+                await _step(side, concurrency, args, measured=False)
         for pair in range(args.pairs):
             sides = (ours, theirs) if pair % 2 == 0 else (theirs, ours)
             for concurrency in args.concurrency:
