@@ -113,7 +113,8 @@ class FleetAdmission:
         out, cancelled) leaves the queue, or passes on a slot granted meanwhile."""
         try:
             async with asyncio.timeout(self._settings.wait_s):
-                await waiter.granted
+                # shielded: a cancelled wait must not cancel the future ``_hand_over`` sets
+                await asyncio.shield(waiter.granted)
         except TimeoutError:
             self._give_up(waiter)
             why = f"it waited {self._settings.wait_s:g} s for a slot"
