@@ -106,10 +106,13 @@ async def _prioritise(url: str) -> None:
             (await http.post("/v1/tenants", json=tenant)).raise_for_status()
 
 
-async def _ready(url: str) -> None:
-    async with httpx.AsyncClient(timeout=10) as http, asyncio.timeout(READY_TIMEOUT_S):
-        while not (await http.get(f"{url}/v1/models")).json()["data"]:
-            await asyncio.sleep(0.1)
+async def _ready(url: str, key: str = "") -> None:
+    """Wait until the frontend lists the model (to ``key``'s tenant once keys exist)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            while not (await http.get(f"{url}/v1/models")).json()["data"]:
+                await asyncio.sleep(0.1)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,7 +132,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         phases["flood"] = await _phase(frontend, keys, flood, args)
         await asyncio.to_thread(frontend.stop)  # its presence goes: the next holds every slot
         saturated = cluster.frontend("--fleet-max-inflight", str(args.slots))
-        await _ready(saturated.url)
+        await _ready(saturated.url, keys[FLOODER])
         await _prioritise(saturated.url)
         phases["saturated"] = await _phase(saturated, keys, flood, args)
     return {
