@@ -5,7 +5,10 @@ requests in open loops at ``--rate`` req/s each, in three phases of ``--duration
 
 - ``open``: no tenants or keys (the routes are open);
 - ``keys``: each tenant has a key and ``requests_per_s = --quota``;
-- ``flood``: the same, but tenant ``c`` sends at 10x its quota.
+- ``flood``: the same, but tenant ``c`` sends at 10x its quota;
+- ``saturated``: a fresh frontend with ``--fleet-max-inflight --slots``; the tenants have no
+  rate limit, ``a`` and ``b`` priority 9 and ``c`` priority 0, and ``c`` sends at 10x the
+  quota again: the fleet is saturated, and admission sheds by priority.
 
 Figures: the well-behaved tenants' (``a``, ``b``) TTFT p50/p99 and errors per phase, the
 flooder's 429 share, and the frontend's CPU milliseconds per request (open vs keys).
@@ -95,10 +98,21 @@ async def _make_tenants(url: str, quota: float) -> dict[str, str]:
     return keys
 
 
-async def _ready(url: str) -> None:
-    async with httpx.AsyncClient(timeout=10) as http, asyncio.timeout(READY_TIMEOUT_S):
-        while not (await http.get(f"{url}/v1/models")).json()["data"]:
-            await asyncio.sleep(0.1)
+async def _prioritise(url: str) -> None:
+    """Lift the tenants' rate limits; the flooder gets priority 0, the others 9."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        for name in TENANTS:
+            tenant = {"name": name, "models": [MODEL], "priority": 0 if name == FLOODER else 9}
+            (await http.post("/v1/tenants", json=tenant)).raise_for_status()
+
+
+async def _ready(url: str, key: str = "") -> None:
+    """Wait until the frontend lists the model (to ``key``'s tenant once keys exist)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            while not (await http.get(f"{url}/v1/models")).json()["data"]:
+                await asyncio.sleep(0.1)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,6 +130,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         phases["keys"] = await _phase(frontend, keys, even, args)
         flood = {**even, FLOODER: args.quota * FLOOD_FACTOR}
         phases["flood"] = await _phase(frontend, keys, flood, args)
+        await asyncio.to_thread(frontend.stop)  # its presence goes: the next holds every slot
+        saturated = cluster.frontend("--fleet-max-inflight", str(args.slots))
+        await _ready(saturated.url, keys[FLOODER])
+        await _prioritise(saturated.url)
+        phases["saturated"] = await _phase(saturated, keys, flood, args)
     return {
         "bench": "tenants",
         "machine": machine(),
@@ -149,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration-s", type=float, default=8.0, help="length of each phase")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens per answer")
     parser.add_argument("--time-per-token-s", type=float, default=0.005, help="mocker speed")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="the saturated phase's --fleet-max-inflight")  # fmt: skip
     add_output_flags(parser)
     return parser
 

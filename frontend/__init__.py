@@ -1,5 +1,6 @@
 """The frontend process: OpenAI API, model registry from etcd, router, NATS client."""
 
+from lorafleet.frontend.admission import AdmissionSettings
 from lorafleet.frontend.app import create_app
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.frontend.desired_state import DesiredState
@@ -12,6 +13,7 @@ from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.router import ROUTERS, LeastInflightRouter, RoundRobinRouter, Router
 
 __all__ = [
+    "AdmissionSettings",
     "DesiredState",
     "DispatchSettings",
     "Dispatcher",

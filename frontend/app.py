@@ -30,6 +30,7 @@ from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.discovery.startup import unless_stopped
 from lorafleet.frontend.access_log import AccessLogMiddleware
 from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.admission import FleetAdmission
 from lorafleet.frontend.alias_checks import AliasChecks
 from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.config import FrontendConfig
@@ -140,7 +141,7 @@ async def _start_services(
         adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
-        tenants=tenants,
+        tenants=tenants, admission=FleetAdmission(config.admission, lambda: tenants.share),
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

@@ -3,7 +3,8 @@
 
 ``FrontendConfig`` adds the frontend's own settings to the ones every process shares
 (``ConnectionSettings``), and holds ``DispatchSettings`` (``frontend/dispatcher.py``: stall,
-attempts, migration), declared beside the code that reads it. Adding a setting is one
+attempts, migration) and ``AdmissionSettings`` (``frontend/admission.py``: the fleet's
+slots, the wait), declared beside the code that reads them. Adding a setting is one
 ``setting(...)`` field on the class that uses it (``process/settings.py``).
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from lorafleet.discovery.connection_settings import ConnectionSettings
+from lorafleet.frontend.admission import AdmissionSettings
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
@@ -33,6 +35,7 @@ class FrontendConfig(ConnectionSettings):
         FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
         FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
         FrontendConfig(on_demand_queue=1024)
+        FrontendConfig(admission=AdmissionSettings(fleet_max_inflight=64))
         FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
     """
 
@@ -48,6 +51,7 @@ class FrontendConfig(ConnectionSettings):
         "instance that has them",
     )  # fmt: skip
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     on_demand_timeout_s: Annotated[float, POSITIVE] = setting(
         60.0, flag="--on-demand-timeout-s", env="DYN_ON_DEMAND_TIMEOUT_S",
         help="seconds a request for a cold adapter waits for its on-demand load",

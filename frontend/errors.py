@@ -10,7 +10,8 @@ Hierarchy::
     proto.errors.NotFoundError
     └── ModelNotFoundError       no live instance serves that name               404
     proto.errors.CapacityError
-    └── LoadQueueFullError       too many requests wait for one adapter's load    429
+    ├── LoadQueueFullError       too many requests wait for one adapter's load    429
+    └── FleetSaturatedError      the fleet is saturated; lower priorities shed    429
     proto.errors.UnavailableError
     ├── NoLiveInstanceError      the model is known but no instance answered     503
     ├── InstanceLostError        one instance stopped answering (retried)        503
@@ -58,6 +59,7 @@ __all__ = [
     "BodyTimeoutError",
     "BodyTooLargeError",
     "ClientGoneError",
+    "FleetSaturatedError",
     "HTTP_STATUS_BY_CODE",
     "InstanceLostError",
     "InvalidBodyError",
@@ -360,3 +362,20 @@ class LoadQueueFullError(CapacityError):
             f"Adapter {adapter!r} is being loaded and {waiting} requests already wait for it "
             "(the frontend's --on-demand-queue, DYN_ON_DEMAND_QUEUE); retry later"
         )
+
+
+class FleetSaturatedError(CapacityError):
+    """The fleet is saturated and this request was shed before higher priorities: 429."""
+
+    def __init__(
+        self, tenant: str, priority: int, capacity: int, fleet_max_inflight: int, why: str
+    ) -> None:
+        self.tenant = tenant
+        self.priority = priority
+        whose = f"tenant {tenant!r}" if tenant else "a request without a tenant"
+        super().__init__(
+            f"The fleet is saturated: this frontend runs its share of --fleet-max-inflight="
+            f"{fleet_max_inflight} ({capacity} requests at once) and {whose}, priority "
+            f"{priority}, was shed because {why}; lower priorities are shed first; retry later",
+            tenant=tenant, priority=priority,
+        )  # fmt: skip

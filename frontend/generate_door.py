@@ -32,7 +32,13 @@ from litestar.types import (
 )
 
 from lorafleet.frontend.access_log import current_record, logged
-from lorafleet.frontend.errors import RETRY_AFTER_S, openai_error, unexpected_error
+from lorafleet.frontend.admission import FleetAdmission
+from lorafleet.frontend.errors import (
+    RETRY_AFTER_S,
+    FleetSaturatedError,
+    openai_error,
+    unexpected_error,
+)
 from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
 from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
@@ -44,6 +50,7 @@ from lorafleet.frontend.request_body import (
     read_body,
 )
 from lorafleet.frontend.services import services_of
+from lorafleet.frontend.tenants import Permit
 from lorafleet.proto.errors import LorafleetError, RateLimitedError, http_status
 
 __all__ = ["GenerateDoor"]
@@ -51,6 +58,8 @@ __all__ = ["GenerateDoor"]
 _JSON_HEADERS: Final = (b"content-type", b"application/json")
 _CLOSE: Final = (b"connection", b"close")
 _BODYLESS_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+SATURATED: Final = "saturated"
+"""The ``limit`` label of a tenant's requests shed while the fleet is saturated."""
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -86,7 +95,8 @@ class GenerateDoor:
     async def _answer(
         self, route: GenerateRoute[Any], scope: HTTPScope, receive: Receive, send: Send
     ) -> None:
-        """Read, identify the caller's tenant, decode, admit and generate; send the answer
+        """Read, identify the caller's tenant, decode, admit (the tenant's limits, then a slot
+        of the fleet by priority: ``frontend.admission``) and generate; send the answer
         or the error in OpenAI's shape."""
         services = services_of(self._state)
         record = current_record()
@@ -97,6 +107,7 @@ class GenerateDoor:
             record.tenant = "" if tenant is None else tenant.name
             data: Any = decode_json(body, route.body_type)
             permit = services.tenants.admit(tenant, data.model, services.registry.names)
+            await _enter(services.admission, permit)
         except LorafleetError as exc:
             status, error = openai_error(exc)
             metrics: FrontendMetrics = self._state.metrics
@@ -108,6 +119,7 @@ class GenerateDoor:
         try:
             status = await self._generate(route, data, scope, receive, send)
         finally:
+            services.admission.leave()
             permit.release(record, record.status or status)
 
     async def _generate(
@@ -134,6 +146,18 @@ class GenerateDoor:
         else:
             await _send_json(send, 200, answer)
         return 200
+
+
+async def _enter(admission: FleetAdmission, permit: Permit) -> None:
+    """Take a slot of the fleet for an admitted request, or withdraw its permit (shed)."""
+    try:
+        await admission.enter(permit.priority, permit.tenant)
+    except FleetSaturatedError:
+        permit.withdraw(SATURATED)
+        raise
+    except BaseException:
+        permit.withdraw(None)
+        raise
 
 
 def _retry_after_s(exc: LorafleetError) -> int | None:

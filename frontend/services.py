@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from litestar.datastructures import State
 
 from lorafleet.frontend.adapter_states import AdapterStates
+from lorafleet.frontend.admission import FleetAdmission
 from lorafleet.frontend.alias_checks import AliasChecks
 from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.desired_state import DesiredState
@@ -48,6 +49,8 @@ class Services:
     alias_checks: AliasChecks
     tenants: TenantGate
     """API keys, tenants and this frontend's share of their limits."""
+    admission: FleetAdmission
+    """This frontend's share of the fleet's slots: queues and sheds by priority."""
 
 
 def services_of(state: State) -> Services:

@@ -73,18 +73,27 @@ _BEARER: Final = "Bearer "
 
 
 class Permit:
-    """One admitted request of a tenant: ``release`` it when the request ends."""
+    """One admitted request of a tenant: ``release`` it when the request ends, or
+    ``withdraw`` it when the request never runs."""
 
-    __slots__ = ("_gate", "tenant")
+    __slots__ = ("_gate", "priority", "tenant")
 
-    def __init__(self, gate: TenantGate | None, tenant: str) -> None:
+    def __init__(self, gate: TenantGate | None, tenant: str, priority: int = 0) -> None:
         self._gate = gate
         self.tenant = tenant
+        self.priority = priority
+        """The tenant's priority: who is served first while the fleet is saturated."""
 
     def release(self, record: RequestRecord, status: int) -> None:
         """Give back the concurrency slot and count the tokens and TTFT the request used."""
         if self._gate is not None:
             self._gate.released(self.tenant, record, status)
+
+    def withdraw(self, refused_by: str | None) -> None:
+        """The request will not run: give back its concurrency slot, counting a refusal by
+        ``refused_by`` (e.g. ``saturated``) unless None (the client left)."""
+        if self._gate is not None:
+            self._gate.withdrawn(self.tenant, refused_by)
 
 
 OPEN: Final = Permit(None, "")
@@ -176,7 +185,7 @@ class TenantGate:
         except RateLimitedError as exc:
             self._metrics.tenant_refused(tenant.name, str(exc.fields["limit"]))
             raise
-        return Permit(self, tenant.name)
+        return Permit(self, tenant.name, tenant.priority)
 
     def visible(self, tenant: Tenant | None, names: Iterable[str]) -> list[str]:
         """The ``names`` the tenant may use (all of them while the routes are open)."""
@@ -189,6 +198,14 @@ class TenantGate:
         if quota is not None:
             quota.release(tokens)
         self._metrics.tenant_answered(name, status, tokens, record.first_token_s)
+
+    def withdrawn(self, name: str, refused_by: str | None) -> None:
+        """An admitted request of tenant ``name`` will not run (``Permit.withdraw``)."""
+        quota = self._quotas.get(name)
+        if quota is not None:
+            quota.release(0)
+        if refused_by is not None:
+            self._metrics.tenant_refused(name, refused_by)
 
     def _quota(self, tenant: Tenant) -> TenantQuota:
         """The tenant's quota, rebuilt when its limits or the number of frontends change."""

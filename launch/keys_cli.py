@@ -55,7 +55,8 @@ def add_tenant_flags(tenants: argparse.ArgumentParser) -> None:
     )
     for flag, kind, what in limits:
         tenants.add_argument(flag, type=kind, default=0, help=f"set: {what} (0: no limit)")
-    tenants.add_argument("--priority", type=int, default=0, help="set: 0-9, stored and shown")
+    tenants.add_argument("--priority", type=int, default=0,
+                         help="set: 0-9, higher first while the fleet is saturated")  # fmt: skip
 
 
 def keys_command(args: argparse.Namespace) -> int:

@@ -60,7 +60,8 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
     """Prompt plus completion tokens per minute."""
     max_concurrent: Annotated[int, msgspec.Meta(ge=0)] = 0
     priority: Annotated[int, msgspec.Meta(ge=0, le=9)] = 0
-    """Stored and shown; higher is more important (shedding by priority is not built yet)."""
+    """Higher is served first while the fleet is saturated; the lowest is shed first
+    (``frontend/admission.py``)."""
 
 
 class TenantList(msgspec.Struct, kw_only=True, frozen=True):

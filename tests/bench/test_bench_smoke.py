@@ -158,10 +158,14 @@ def test_rollout_rolls_a_bad_canary_back_switches_and_swaps_versions_without_err
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
 def test_tenants_refuses_the_flooder_and_serves_the_others(tmp_path: Path) -> None:
-    result = _bench(tmp_path, "tenants", "--duration-s", "2", "--rate", "4", "--quota", "4")
+    result = _bench(tmp_path, "tenants", "--duration-s", "2", "--rate", "4", "--quota", "4",
+                    "--slots", "1", "--time-per-token-s", "0.02")  # fmt: skip
     phases = result["results"]
-    assert set(phases) == {"open", "keys", "flood"}
+    assert set(phases) == {"open", "keys", "flood", "saturated"}
     flood = phases["flood"]["tenants"]
     assert flood["c"]["refused_429"] > 0
     assert flood["a"]["errors"] == flood["b"]["errors"] == 0
+    saturated = phases["saturated"]["tenants"]  # c at 40 req/s of 160 ms each, 1 slot
+    assert saturated["c"]["refused_429"] > 0
+    assert saturated["a"]["errors"] == saturated["b"]["errors"] == 0
     assert phases["open"]["frontend_cpu_ms_per_request"] > 0

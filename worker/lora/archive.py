@@ -1,11 +1,16 @@
-"""Place remote names (S3 keys, archive members) under a destination without escaping it.
+"""Place remote names (S3 keys, archive members, hub files) under a destination without
+escaping it, and check that a download holds nothing but files and folders.
 
 Any name that is absolute, contains ``..``, or resolves outside the destination
-is refused with :class:`LoraInvalidAdapterError`; nothing is written for it.
+is refused with :class:`LoraInvalidAdapterError`; nothing is written for it. What a
+source wrote is refused if it holds a link, a device, a FIFO or a socket
+(:func:`check_plain_tree`), whichever source wrote it.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import tarfile
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -13,7 +18,13 @@ from typing import Final
 
 from lorafleet.worker.lora.errors import LoraInvalidAdapterError
 
-__all__ = ["ARCHIVE_SUFFIXES", "extract_archive", "is_archive_name", "safe_join"]
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "check_plain_tree",
+    "extract_archive",
+    "is_archive_name",
+    "safe_join",
+]
 
 ARCHIVE_SUFFIXES: Final = (".tar.gz", ".tgz", ".tar", ".zip")
 
@@ -35,6 +46,24 @@ def safe_join(dest: Path, name: str, *, uri: str) -> Path:
             hint="remove or rename that object; keys and members must be relative paths",
         )
     return target
+
+
+def check_plain_tree(root: Path, *, uri: str) -> None:
+    """Refuse a downloaded adapter ``root`` holding anything but regular files and folders.
+
+    A link would make the cache entry (and the engine reading it) lead anywhere on the
+    worker's disk; a device or a FIFO would be read without end. Links are not followed.
+    """
+    for folder, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                member = Path(folder, name).relative_to(root).as_posix()
+                raise LoraInvalidAdapterError(
+                    uri,
+                    f"member {member!r} is a link or special file",
+                    hint="an adapter may hold only regular files and directories",
+                )
 
 
 def extract_archive(archive: Path, dest: Path, *, uri: str) -> None:
@@ -72,6 +101,6 @@ def _extract_tar(archive: Path, dest: Path, *, uri: str) -> None:
                 raise LoraInvalidAdapterError(
                     uri,
                     f"member {member.name!r} is a link or special file",
-                    hint="archives may hold only regular files and directories",
+                    hint="an adapter may hold only regular files and directories",
                 )
         tar.extractall(dest, members=members, filter="data")

@@ -4,13 +4,16 @@ It never copies: the engine reads the adapter from where it lies. With allowed
 roots (``DYN_LORA_FILE_ROOTS``) a path outside them is refused before anything
 about it (even whether it exists) is revealed, and so is an adapter directory
 holding a symbolic link (to a file or a folder) that leads outside them: its
-files are not read, and the answer does not say where the link leads.
+files are not read, and the answer does not say where the link leads. With or
+without roots, a directory holding a device, a FIFO or a socket (or a link to one)
+is refused: an engine reading it would block or read without end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from pathlib import Path
 from typing import Final
 from urllib.parse import unquote, urlsplit
@@ -29,6 +32,8 @@ ADAPTER_DIR_ENTRIES_MAX: Final = 10_000
 ESCAPE_HINT: Final = (
     "put the adapter's own files (or links that stay inside DYN_LORA_FILE_ROOTS) in its directory"
 )
+
+PLAIN_FILES_HINT: Final = "an adapter directory may hold only regular files and folders"
 
 NAME_MAX_BYTES: Final = 255
 PATH_MAX_BYTES: Final = 4096
@@ -69,6 +74,16 @@ def _too_long(path: str) -> bool:
     )
 
 
+def _is_special(entry: Path) -> bool:
+    """Whether ``entry`` (followed if a link; a dangling link is not) is neither a regular
+    file nor a folder."""
+    try:
+        mode = entry.stat().st_mode
+    except OSError:
+        return False  # a dangling link: nothing can be read through it
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 class FileSource:
     """Resolves ``file://`` URIs to validated local directories, optionally under allowed roots."""
 
@@ -94,8 +109,7 @@ class FileSource:
                 "not a directory",
                 hint=f"point the URI at the directory that holds {ADAPTER_CONFIG}",
             )
-        if self._roots:
-            self._refuse_escaping_links(uri, resolved)
+        self._check_entries(uri, resolved)
         problem = adapter_problem(resolved)
         if problem is not None:
             raise LoraInvalidAdapterError(uri, problem, hint="save the adapter with PEFT")
@@ -108,12 +122,12 @@ class FileSource:
         roots = ", ".join(str(root) for root in self._roots)
         return f"place the adapter under one of DYN_LORA_FILE_ROOTS ({roots})"
 
-    def _refuse_escaping_links(self, uri: str, directory: Path) -> None:
-        """Raise ``LoraInvalidAdapterError`` if any entry of ``directory`` (followed through
-        links that stay inside the roots) resolves outside them."""
+    def _check_entries(self, uri: str, directory: Path) -> None:
+        """Raise ``LoraInvalidAdapterError`` if an entry of ``directory`` is a special file, or
+        (with roots; links inside them are followed) resolves outside the roots."""
         seen: set[Path] = set()
         entries = 0
-        for current, dirnames, filenames in os.walk(directory, followlinks=True):
+        for current, dirnames, filenames in os.walk(directory, followlinks=bool(self._roots)):
             if (real := Path(current).resolve()) in seen:
                 dirnames.clear()  # a link back to a folder already checked
                 continue
@@ -121,13 +135,16 @@ class FileSource:
             for name in (*dirnames, *filenames):
                 entries += 1
                 entry = Path(current, name)
+                member = entry.relative_to(directory).as_posix()
                 if entries > ADAPTER_DIR_ENTRIES_MAX:
                     reason = f"the directory holds more than {ADAPTER_DIR_ENTRIES_MAX} entries"
                     raise LoraInvalidAdapterError(uri, reason, hint=ESCAPE_HINT)
-                if not self._within_roots(entry.resolve()):
-                    link = entry.relative_to(directory).as_posix()
-                    reason = f"{link} is a symbolic link that leads outside the allowed roots"
+                if self._roots and not self._within_roots(entry.resolve()):
+                    reason = f"{member} is a symbolic link that leads outside the allowed roots"
                     raise LoraInvalidAdapterError(uri, reason, hint=ESCAPE_HINT)
+                if _is_special(entry):
+                    reason = f"{member} is a device, FIFO or socket"
+                    raise LoraInvalidAdapterError(uri, reason, hint=PLAIN_FILES_HINT)
 
     async def download(self, uri: str, dest: Path) -> Path:
         """Return the adapter's own directory (outside ``dest``): it is used in place."""

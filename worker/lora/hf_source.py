@@ -3,7 +3,10 @@
 ``HF_ENDPOINT`` (a mirror or a private hub) and ``HF_TOKEN`` are read at each
 download, so they may change while the worker runs. Blocking hub calls run in
 a worker thread; hub errors are translated here, never quoted (they may carry
-request headers).
+request headers). The repository's file listing is read first, at the commit the
+revision names: every name must stay inside the adapter folder and the listed sizes
+within ``DYN_LORA_MAX_BYTES`` before a file is fetched, and the download is pinned to
+that commit so the files fetched are the files checked.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import asyncio
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 from lorafleet.proto.uris import split_uri
+from lorafleet.worker.lora.archive import safe_join
 from lorafleet.worker.lora.errors import (
     LoraInvalidUriError,
     LoraNotFoundError,
     LoraSourceError,
     LoraUnavailableError,
+    adapter_too_big,
 )
 
 __all__ = ["HfSource", "parse_hf_uri"]
@@ -48,6 +54,10 @@ class HfSource:
 
     name = "hf"
 
+    def __init__(self, *, max_bytes: int | None = None) -> None:
+        """``max_bytes`` bounds one adapter: the sum of its listed file sizes, before any GET."""
+        self._max_bytes = max_bytes
+
     async def download(self, uri: str, dest: Path) -> Path:
         """Fetch the repository snapshot into ``dest`` and return ``dest``."""
         repo_id, revision = parse_hf_uri(uri)
@@ -64,15 +74,29 @@ class HfSource:
 
     def _download_blocking(self, uri: str, repo_id: str, revision: str | None, dest: Path) -> Path:
         hub = _hub(uri)
+        endpoint, token = _endpoint(), _token()
         try:
+            api = hub.HfApi(endpoint=endpoint, token=token)
+            commit = api.model_info(repo_id, revision=revision).sha or revision
+            tree = api.list_repo_tree(repo_id, recursive=True, revision=commit)
+            self._check_listing(uri, [entry for entry in tree if _is_file(entry)], dest)
             hub.snapshot_download(
-                repo_id, revision=revision, local_dir=dest, etag_timeout=HF_ETAG_TIMEOUT_S,
-                endpoint=_endpoint(), token=_token(),
+                repo_id, revision=commit, local_dir=dest, etag_timeout=HF_ETAG_TIMEOUT_S,
+                endpoint=endpoint, token=token,
             )  # fmt: skip
         except Exception as exc:
             raise _translate(exc, uri) from exc
         shutil.rmtree(dest / HF_LOCAL_METADATA_DIR, ignore_errors=True)
         return dest
+
+    def _check_listing(self, uri: str, files: Iterable[Any], dest: Path) -> None:
+        """Refuse a listing whose names leave ``dest`` or whose sizes pass the bound."""
+        listed = 0
+        for entry in files:
+            safe_join(dest, entry.path, uri=uri)
+            listed += int(entry.size or 0)
+        if self._max_bytes is not None and listed > self._max_bytes:
+            raise adapter_too_big(uri, listed, self._max_bytes)
 
     def _info_blocking(self, uri: str, repo_id: str, revision: str | None) -> None:
         hub = _hub(uri)
@@ -90,6 +114,13 @@ def _hub(uri: str) -> ModuleType:
             uri, "huggingface_hub is not installed", hint="install lorafleet[hf]"
         ) from exc
     return huggingface_hub
+
+
+def _is_file(entry: Any) -> bool:
+    """Whether a hub tree entry is a file (``RepoFile``; folders have no size)."""
+    from huggingface_hub.hf_api import RepoFile
+
+    return isinstance(entry, RepoFile)
 
 
 def _endpoint() -> str | None:

@@ -24,6 +24,7 @@ from lorafleet.proto.uris import is_scheme_name
 from lorafleet.worker import metrics
 from lorafleet.worker.lora._failures import combine_failures
 from lorafleet.worker.lora._redact import redact_uri
+from lorafleet.worker.lora.archive import check_plain_tree
 from lorafleet.worker.lora.cache import AdapterCache
 from lorafleet.worker.lora.config import LoRAManagerConfig, load_source
 from lorafleet.worker.lora.custom_source import CustomSource
@@ -83,7 +84,7 @@ class LoRAManager:
         self._sources: dict[str, list[LoRASource]] = {
             "file": [FileSource(roots=self.config.file_roots)],
             "s3": [S3Source(client_factory=s3_client_factory, max_bytes=config.max_adapter_bytes)],
-            "hf": [HfSource()],
+            "hf": [HfSource(max_bytes=config.max_adapter_bytes)],
         }
         for scheme, spec in self.config.sources:
             self._sources.setdefault(scheme, []).append(load_source(scheme, spec))
@@ -296,6 +297,8 @@ class LoRAManager:
         dest = await asyncio.to_thread(self._cache.new_download_dir, key)
         try:
             built = await self._call_source(source, uri, dest)
+            if built.is_relative_to(dest):
+                await asyncio.to_thread(check_plain_tree, built, uri=uri)
             problem = await asyncio.to_thread(adapter_problem, built)
             if problem is not None:
                 raise LoraInvalidAdapterError(uri, problem, hint="upload a complete PEFT adapter")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -139,3 +140,28 @@ async def test_links_that_stay_inside_the_roots_are_followed_and_checked(
     (shared / "leak").symlink_to(tmp_path / "private")  # reached through ``nested``
     with pytest.raises(LoraInvalidAdapterError, match="nested/leak is a symbolic link"):
         await manager.download(adapter.as_uri())
+
+
+def _add_odd_member(adapter: Path, kind: str) -> None:
+    """Put a FIFO, or a link to a character device, beside the adapter's files."""
+    odd = adapter / "new_embeddings.safetensors"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to("/dev/zero")  # no device can be made without root; a link reaches one
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a device"])
+async def test_a_fifo_or_a_link_to_a_device_inside_the_adapter_is_refused_without_roots_too(
+    tmp_path: Path, make_adapter: Callable[..., Path], kind: str
+) -> None:
+    adapter = make_adapter(tmp_path / "pirate")
+    _add_odd_member(adapter, kind)
+    manager = _manager(tmp_path)
+
+    with pytest.raises(LoraInvalidAdapterError) as caught:
+        await manager.download(adapter.as_uri())
+
+    assert "new_embeddings.safetensors is a device, FIFO or socket" in caught.value.message
+    assert caught.value.code == "invalid_request"
+    assert not manager.is_cached(adapter.as_uri())

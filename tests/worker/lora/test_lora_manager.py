@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -353,3 +354,40 @@ async def test_a_source_writing_past_the_size_bound_is_cut_off_and_leaves_nothin
     assert sum(written) > 64 << 10
     assert _entries(tmp_path) == set()
     assert not any((tmp_path / "cache").rglob("adapter_model.safetensors"))
+
+
+def _write_odd_member(
+    kind: str, outside: Path, make_adapter: Callable[..., Path]
+) -> Callable[[Path], None]:
+    """A download that writes a whole adapter plus one link or FIFO beside its files."""
+
+    def write(dest: Path) -> None:
+        make_adapter(dest)
+        odd = dest / "new_embeddings.safetensors"
+        if kind == "symlink":
+            odd.symlink_to(outside)
+        else:
+            os.mkfifo(odd)
+
+    return write
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+async def test_a_source_that_writes_a_link_or_a_fifo_is_refused_and_nothing_cached(
+    tmp_path: Path, make_adapter: Callable[..., Path], kind: str
+) -> None:
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not an adapter file")
+    manager = _manager(tmp_path)
+    manager.register_custom_source(
+        "odd", RecordingSource(_write_odd_member(kind, outside, make_adapter))
+    )
+
+    with pytest.raises(LoraInvalidAdapterError, match="link or special file") as refused:
+        await manager.download("odd://adapter")
+
+    assert refused.value.code == "invalid_request"
+    assert "new_embeddings.safetensors" in str(refused.value)
+    assert _entries(tmp_path) == set() and not manager.is_cached("odd://adapter")
+    assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
+    assert outside.read_text() == "not an adapter file"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -271,3 +272,63 @@ async def test_s3_hanging_mid_download_times_out_naming_the_source_and_a_retry_w
     finally:
         await proxy.aclose()  # ends the hung request in its thread (connection reset)
         await manager.aclose()
+
+
+def _tar_with(adapter: dict[str, bytes], odd: tarfile.TarInfo) -> bytes:
+    """A gzip tar of ``adapter``'s files and one odd member (a link, a device, a FIFO)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in adapter.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        tar.addfile(odd)
+    return buffer.getvalue()
+
+
+def _odd_member(kind: str) -> tarfile.TarInfo:
+    member = tarfile.TarInfo("new_embeddings.safetensors")
+    member.type, member.linkname = {
+        "symlink": (tarfile.SYMTYPE, "/etc/passwd"),
+        "hard link": (tarfile.LNKTYPE, "adapter_config.json"),
+        "device": (tarfile.CHRTYPE, ""),
+        "fifo": (tarfile.FIFOTYPE, ""),
+    }[kind]
+    return member
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "device", "fifo"])
+async def test_an_archive_object_with_a_link_or_special_member_is_refused_and_nothing_cached(
+    tmp_path: Path, aws_env: Any, bucket: Any, adapter_bytes: Callable[..., Any], kind: str
+) -> None:
+    bucket.put_object(Key="odd/adapter.tar.gz", Body=_tar_with(adapter_bytes(), _odd_member(kind)))
+    manager = _manager(tmp_path)
+    uri = f"s3://{bucket.name}/odd/adapter.tar.gz"
+
+    with pytest.raises(LoraInvalidAdapterError, match="link or special file") as refused:
+        await manager.download(uri)
+
+    assert refused.value.code == "invalid_request"
+    assert "new_embeddings.safetensors" in str(refused.value)
+    assert _cache_entries(tmp_path) == [] and not manager.is_cached(uri)
+    assert [p for p in _files_named(tmp_path / "cache", "*") if not p.is_dir()] == []
+
+
+async def test_a_zip_object_with_a_member_outside_the_adapter_folder_is_refused(
+    tmp_path: Path, aws_env: Any, bucket: Any, adapter_bytes: Callable[..., Any]
+) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zipped:
+        for name, data in adapter_bytes().items():
+            zipped.writestr(name, data)
+        zipped.writestr("../../escaped.txt", b"outside")
+    bucket.put_object(Key="odd/adapter.zip", Body=buffer.getvalue())
+    manager = _manager(tmp_path)
+    uri = f"s3://{bucket.name}/odd/adapter.zip"
+
+    with pytest.raises(LoraInvalidAdapterError, match="outside the adapter directory") as refused:
+        await manager.download(uri)
+
+    assert refused.value.code == "invalid_request"
+    assert _cache_entries(tmp_path) == [] and not manager.is_cached(uri)
+    assert _files_named(tmp_path, "escaped.txt") == []
