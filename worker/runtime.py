@@ -171,7 +171,7 @@ class WorkerRuntime:
             return
         from lorafleet.worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
 
-        manager = LoRAManager.from_env()
+        manager = LoRAManager(config=self.config.lora)
         stack.push_async_callback(manager.aclose)
         self.engine.enable_adapters(manager)
 
