@@ -146,6 +146,11 @@ class ModelEndpoint(Protocol):
         """The worker's lease id, which names it in etcd and on NATS."""
         ...
 
+    @property
+    def inflight(self) -> int:
+        """Generate requests this worker is serving now, base model and adapters."""
+        ...
+
     async def register_model(self, card: ModelDeploymentCard) -> None:
         """Put ``card`` in etcd under the worker's lease (raises ``UnavailableError``)."""
         ...
