@@ -18,7 +18,7 @@ from litestar.params import FromPath, JSONBody
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
 from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
 from lorafleet.frontend.desired_state import DesiredState
-from lorafleet.frontend.errors import MAX_NAMES_IN_MESSAGE
+from lorafleet.frontend.errors import names_in_message
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.services import Services
 from lorafleet.proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
@@ -137,5 +137,5 @@ def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
 
 
 def _not_found(desired: DesiredState, name: str) -> NotFoundError:
-    known = ", ".join(s.name for s in desired.records()[:MAX_NAMES_IN_MESSAGE]) or "none"
+    known = names_in_message([spec.name for spec in desired.records()])
     return NotFoundError(f"adapter {shorten(name)!r} is not in the desired state; desired: {known}")

@@ -18,6 +18,7 @@ from litestar.params import FromPath, JSONBody
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
 from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
+from lorafleet.frontend.errors import names_in_message
 from lorafleet.frontend.rollout import promote, rollback, start_rollout
 from lorafleet.frontend.services import Services
 from lorafleet.proto.aliases import (
@@ -192,5 +193,5 @@ def _alias_or_404(book: AliasBook, name: str) -> Alias:
 
 
 def _not_found(book: AliasBook, name: str) -> NotFoundError:
-    known = ", ".join(alias.name for alias in book.records()[:10]) or "none"
+    known = names_in_message([alias.name for alias in book.records()])
     return NotFoundError(f"alias {shorten(name)!r} does not exist; aliases: {known}")
