@@ -131,7 +131,6 @@ class Endpoint:
         )
         await self._nc.flush()
         await self._nc.flush()
-        metrics.INFLIGHT_REQUESTS.set_function(lambda: self.inflight)
         reply = await self._nc.request(
             self.address.subject, encode_msg(PingRequest()), timeout=SUBSCRIPTION_CHECK_TIMEOUT_S
         )

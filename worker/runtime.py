@@ -35,6 +35,7 @@ from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnect
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.discovery.startup import connect_with_retry, unless_stopped
 from lorafleet.proto.discovery import Instance, encode_record
+from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.config import WorkerConfig
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
@@ -159,6 +160,7 @@ class WorkerRuntime:
         )  # fmt: skip
         endpoint = Endpoint(nats.client, lease, address, update_token=cfg.auth_token)
         await endpoint.serve()
+        metrics.INFLIGHT_REQUESTS.set_function(lambda: endpoint.inflight)  # its one count
         return endpoint
 
     def _enable_adapters(self, stack: contextlib.AsyncExitStack) -> None:
