@@ -1,4 +1,4 @@
-"""The etcd key layout, built in one place (see ARCHITECTURE.md, "etcd key layout").
+"""The etcd key layout, built in one place (see docs/architecture.md, "etcd key layout").
 
 Edit only together with the design: frontends and workers of different
 versions must agree on these keys.

@@ -61,7 +61,7 @@ class AdapterStates:
 
     def every(self) -> list[AdapterStatus]:
         """Every adapter, sorted by name: the desired ones and the unmanaged ones."""
-        found = [self.status(spec) for spec in self._desired.specs()]
+        found = [self.status(spec) for spec in self._desired.records()]
         found += self.unmanaged()
         return sorted(found, key=lambda status: status.name)
 

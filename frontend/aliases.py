@@ -4,12 +4,12 @@ with a compare-and-swap on the record's revision.
 Records live at ``v1/aliases/{namespace}/{lora_slug(name)}`` without a lease. Every write
 (admin routes, a frontend's rollout decision) reads the record and its revision, changes
 it, and puts it only if the revision is unchanged, so two frontends judging the same
-window cannot both win. Writes wait until this frontend's cache shows them.
+window cannot both win. Writes wait until this frontend's cache shows them
+(``NamedRecords``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import random
 from collections.abc import Callable
@@ -20,15 +20,14 @@ import structlog
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import alias_key, aliases_prefix
 from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.frontend.named_records import NamedRecords
 from lorafleet.proto.aliases import Alias, AliasTarget, decode_alias, encode_alias
 from lorafleet.proto.errors import ConflictError
-from lorafleet.proto.naming import lora_slug
 
 __all__ = ["AliasBook", "Change", "choose", "session_point"]
 
 log = structlog.get_logger(__name__)
 
-CACHE_SYNC_TIMEOUT_S: Final = 5.0
 CAS_ATTEMPTS: Final = 5
 """Tries of one read-change-swap before a write gives up with a 409 (others kept winning)."""
 POINTS: Final = 10_000
@@ -55,36 +54,14 @@ def choose(alias: str, targets: list[AliasTarget], session: str) -> str:
     return targets[-1].model
 
 
-class AliasBook:
+class AliasBook(NamedRecords[Alias]):
     """Aliases by name, following ``aliases_prefix(namespace)``."""
-
-    def __init__(self, etcd: EtcdClient, namespace: str, cache: WatchCache[Alias]) -> None:
-        self._etcd = etcd
-        self.namespace = namespace
-        self.cache = cache
 
     @classmethod
     async def start(cls, etcd: EtcdClient, namespace: str) -> AliasBook:
         """List the aliases now (raises ``EtcdUnavailableError``) and follow them."""
         cache = await WatchCache.start(etcd, aliases_prefix(namespace), decode_alias)
-        return cls(etcd, namespace, cache)
-
-    async def aclose(self) -> None:
-        """Stop following etcd."""
-        await self.cache.aclose()
-
-    def key(self, name: str) -> str:
-        """The etcd key of alias ``name``."""
-        return alias_key(self.namespace, lora_slug(name))
-
-    def get(self, name: str) -> Alias | None:
-        """Alias ``name``, or None."""
-        alias = self.cache.items.get(self.key(name))
-        return alias if alias is not None and alias.name == name else None
-
-    def aliases(self) -> list[Alias]:
-        """Every alias, sorted by name."""
-        return sorted(self.cache.items.values(), key=lambda alias: alias.name)
+        return cls(etcd, namespace, cache, alias_key)
 
     def pick(self, name: str, session: str) -> str | None:
         """The version that answers a request for ``name``; None when ``name`` is no alias."""
@@ -120,10 +97,6 @@ class AliasBook:
                 compare=[txn.mod(key.encode()) == revision], success=[write], failure=[]
             )
         return bool(swapped)
-
-    async def _wait_for(self, key: str, alias: Alias | None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await self.cache.wait_until(lambda items: items.get(key) == alias, CACHE_SYNC_TIMEOUT_S)
 
 
 def _decoded(raw: bytes) -> Alias | None:

@@ -2,61 +2,33 @@
 
 Records live at ``v1/adapters/{namespace}/{lora_slug(name)}`` without a lease
 (they outlive every process). Reads never touch etcd; writes wait until this
-frontend's own cache shows them, so a request right after ``POST /v1/adapters``
-already finds the adapter.
+frontend's own cache shows them (``NamedRecords``), so a request right after
+``POST /v1/adapters`` already finds the adapter.
 """
 
 from __future__ import annotations
-
-import contextlib
-from typing import Final
 
 import structlog
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import adapter_key, adapters_prefix
 from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.frontend.named_records import NamedRecords
 from lorafleet.proto.adapters import AdapterSpec, decode_adapter_spec, encode_adapter_spec
-from lorafleet.proto.naming import lora_slug
 
 __all__ = ["DesiredState"]
 
 log = structlog.get_logger(__name__)
 
-CACHE_SYNC_TIMEOUT_S: Final = 5.0
-"""How long a write waits for this frontend's cache to show it before answering anyway."""
 
-
-class DesiredState:
+class DesiredState(NamedRecords[AdapterSpec]):
     """Desired adapter specs by name, following ``adapters_prefix(namespace)``."""
-
-    def __init__(self, etcd: EtcdClient, namespace: str, cache: WatchCache[AdapterSpec]) -> None:
-        self._etcd = etcd
-        self.namespace = namespace
-        self.cache = cache
 
     @classmethod
     async def start(cls, etcd: EtcdClient, namespace: str) -> DesiredState:
         """List the desired state now (raises ``EtcdUnavailableError``) and follow it."""
         cache = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
-        return cls(etcd, namespace, cache)
-
-    async def aclose(self) -> None:
-        """Stop following etcd."""
-        await self.cache.aclose()
-
-    def key(self, name: str) -> str:
-        """The etcd key of adapter ``name`` (its slug: names may contain ``/``)."""
-        return adapter_key(self.namespace, lora_slug(name))
-
-    def get(self, name: str) -> AdapterSpec | None:
-        """The desired spec of adapter ``name``, or None."""
-        spec = self.cache.items.get(self.key(name))
-        return spec if spec is not None and spec.name == name else None
-
-    def specs(self) -> list[AdapterSpec]:
-        """Every desired spec, sorted by name."""
-        return sorted(self.cache.items.values(), key=lambda spec: spec.name)
+        return cls(etcd, namespace, cache, adapter_key)
 
     async def apply(self, spec: AdapterSpec) -> bool:
         """Store ``spec``; returns False when etcd already held exactly this spec."""
@@ -82,10 +54,6 @@ class DesiredState:
         log.info("desired adapter deleted", adapter=name)
         await self._wait_for(key, None)
         return True
-
-    async def _wait_for(self, key: str, spec: AdapterSpec | None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await self.cache.wait_until(lambda items: items.get(key) == spec, CACHE_SYNC_TIMEOUT_S)
 
 
 def _decodes_to(raw: bytes, spec: AdapterSpec) -> bool:

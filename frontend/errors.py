@@ -30,7 +30,7 @@ The code -> HTTP status table is ``proto.errors.HTTP_STATUS_BY_CODE``, shared wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar, Final
 
@@ -75,6 +75,7 @@ __all__ = [
     "WorkerError",
     "framing_error_body",
     "http_status",
+    "names_in_message",
     "openai_error",
     "openai_type",
     "unexpected_error",
@@ -99,6 +100,17 @@ OPENAI_TYPE_BY_STATUS: Final[Mapping[int, str]] = MappingProxyType(
 """OpenAI's error ``type`` by status; anything else is a ``server_error``."""
 
 MAX_NAMES_IN_MESSAGE: Final = 20
+
+
+def names_in_message(names: Sequence[str], total: int | None = None) -> str:
+    """``a, b and 3 more`` for an error message: the first ``MAX_NAMES_IN_MESSAGE`` names, and
+    how many more of ``total`` (default: all of ``names``); ``none`` when there are none."""
+    count = len(names) if total is None else total
+    shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE]) or "none"
+    more = f" and {count - MAX_NAMES_IN_MESSAGE} more" if count > MAX_NAMES_IN_MESSAGE else ""
+    return shown + more
+
+
 RETRYABLE_WORKER_CODES: Final = frozenset({"unavailable", "not_found", "capacity"})
 """Worker errors that another instance may not have (shutting down, adapter gone, full)."""
 
@@ -223,13 +235,9 @@ class ModelNotFoundError(NotFoundError):
         """``available``: names that exist (the first ``MAX_NAMES_IN_MESSAGE`` in order are
         shown); ``total``: how many exist, when ``available`` holds only the first ones."""
         self.model = model
-        names = sorted(available)
-        count = len(names) if total is None else total
-        shown = ", ".join(names[:MAX_NAMES_IN_MESSAGE]) or "none"
-        more = f" and {count - MAX_NAMES_IN_MESSAGE} more" if count > MAX_NAMES_IN_MESSAGE else ""
         super().__init__(
             f"The model {shorten(model)!r} does not exist or no live instance serves it; "
-            f"available models: {shown}{more}"
+            f"available models: {names_in_message(sorted(available), total)}"
         )
 
 

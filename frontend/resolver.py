@@ -143,7 +143,7 @@ class ModelResolver:
 
     def _find_cold(self) -> list[ColdAdapter]:
         found = []
-        for spec in self.desired.specs():
+        for spec in self.desired.records():
             base = self.registry.get(spec.base_model)
             if self.registry.get(spec.name) is None and base is not None and base.parent is None:
                 found.append(ColdAdapter(spec=spec, base=base))

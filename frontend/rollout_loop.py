@@ -134,7 +134,7 @@ class RolloutLoop:
     async def _judge_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            running = [a for a in self.book.aliases() if a.rollout and a.rollout.phase == "running"]
+            running = [a for a in self.book.records() if a.rollout and a.rollout.phase == "running"]
             self._forget_ended(running)
             for alias in running:
                 assert alias.rollout is not None

@@ -11,12 +11,11 @@ latency (milliseconds), so it is refused everywhere within a second.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Final, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Final
 
 import msgspec
 import structlog
@@ -35,6 +34,7 @@ from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.frontend.access_log import RequestRecord
 from lorafleet.frontend.errors import ModelNotFoundError
 from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.named_records import synced
 from lorafleet.frontend.quotas import TenantQuota
 from lorafleet.proto.errors import (
     ConflictError,
@@ -65,9 +65,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-T = TypeVar("T")
-
-CACHE_SYNC_TIMEOUT_S: Final = 5.0
 KEY_BYTES: Final = 32
 _BEARER: Final = "Bearer "
 
@@ -229,7 +226,7 @@ class TenantGate:
         with self._etcd.errors("put", key):
             await self._etcd.put(key.encode(), msgspec.json.encode(tenant))
         log.info("tenant stored", tenant=tenant.name, models=tenant.models)
-        await _synced(self._tenants, lambda items: items.get(key) == tenant)
+        await synced(self._tenants, lambda items: items.get(key) == tenant)
         return tenant
 
     async def delete_tenant(self, name: str) -> None:
@@ -242,7 +239,7 @@ class TenantGate:
         key = tenant_key(self.namespace, name)
         with self._etcd.errors("delete", key):
             await self._etcd.delete(key.encode())
-        await _synced(self._tenants, lambda items: key not in items)
+        await synced(self._tenants, lambda items: key not in items)
 
     async def create_key(self, tenant: str, note: str) -> ApiKeyCreated:
         """Make a key for ``tenant``: stored as its hash, the key itself answered once."""
@@ -256,7 +253,7 @@ class TenantGate:
         with self._etcd.errors("put", etcd_key):
             await self._etcd.put(etcd_key.encode(), msgspec.json.encode(record))
         log.info("API key created", tenant=tenant, key_id=key_id(hashed))
-        await _synced(self._keys, lambda items: etcd_key in items)
+        await synced(self._keys, lambda items: etcd_key in items)
         return ApiKeyCreated(key=key, id=key_id(hashed), tenant=tenant)
 
     def key_views(self) -> list[ApiKeyView]:
@@ -276,14 +273,8 @@ class TenantGate:
         with self._etcd.errors("delete", etcd_key):
             await self._etcd.delete(etcd_key.encode())
         log.info("API key revoked", key_id=wanted)
-        await _synced(self._keys, lambda items: etcd_key not in items)
+        await synced(self._keys, lambda items: etcd_key not in items)
 
     def _hashed_keys(self) -> dict[str, ApiKeyRecord]:
         prefix = api_keys_prefix(self.namespace)
         return {k.removeprefix(prefix): record for k, record in self._keys.items.items()}
-
-
-async def _synced(cache: WatchCache[T], done: Callable[[Mapping[str, T]], bool]) -> None:
-    """Wait until this frontend's cache shows a write (read your writes), a while at most."""
-    with contextlib.suppress(TimeoutError):
-        await cache.wait_until(done, CACHE_SYNC_TIMEOUT_S)

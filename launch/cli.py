@@ -1,4 +1,4 @@
-"""The lorafleet command: up, status, worker, frontend, lora, models.
+"""The lorafleet command: up, status, worker, frontend, lora, keys, tenants, models.
 
 Errors print as one line and exit 1 (LOG_LEVEL=debug keeps the traceback); Ctrl-C
 prints one line and exits 130. ``lora``, ``models`` and ``status`` find the cluster of

@@ -44,6 +44,7 @@ from lorafleet.process.settings import (
     Declared,
     Setting,
     Settings,
+    comma_list,
     declared,
     groups,
     setting,
@@ -56,6 +57,7 @@ from lorafleet.process.settings_cli import (
     parse_settings,
     setting_rows,
     settings_from_args,
+    settings_from_env,
 )
 from lorafleet.process.uvicorn_server import (
     UvicornServer,
@@ -82,6 +84,7 @@ __all__ = [
     "backoff_s",
     "bearer_header",
     "bearer_token_accepted",
+    "comma_list",
     "configure_logging",
     "console_renderer",
     "declared",
@@ -93,6 +96,7 @@ __all__ = [
     "setting",
     "setting_rows",
     "settings_from_args",
+    "settings_from_env",
     "shown_default",
     "walk",
     "with_header_timeout",

@@ -3,7 +3,8 @@ and help, and everything else is derived from it.
 
 A config is a frozen dataclass that derives from ``Settings``; each field that a person may set
 is declared with ``setting(...)``, and its annotation carries the check as a ``msgspec.Meta``
-(``Annotated[float, POSITIVE]``). ``Settings.__post_init__`` runs the checks at construction,
+(``Annotated[float, POSITIVE]``), or ``check=`` says what a type cannot (absolute paths).
+``Settings.__post_init__`` runs the checks at construction,
 ``process.settings_cli`` builds the command line and the config from flags and environment,
 and ``settings_rows`` gives the README's table. A field whose type is itself a ``Settings``
 class is a group: its settings join its owner's command line.
@@ -38,6 +39,7 @@ __all__ = [
     "POSITIVE",
     "Setting",
     "Settings",
+    "comma_list",
     "declared",
     "groups",
     "setting",
@@ -77,6 +79,8 @@ class Setting:
     """How ``--help`` names the value; default: the flag's name in capitals."""
     secret: bool = False
     """Kept out of ``repr``; besides ``env``, ``{env}_FILE`` may name a file holding it."""
+    check: Callable[[Any], str | None] | None = None
+    """What the type cannot say: the rule a value breaks ("absolute paths"), None when good."""
 
     @property
     def label(self) -> str:
@@ -143,6 +147,9 @@ class Declared:
         choices = self.spec.choices if self.spec is not None else None
         if choices is not None and value is not None and value not in choices:
             raise ValueError(f"{label} must be one of {sorted(choices)}, got {value!r}")
+        broken = self.spec.check(value) if self.spec is not None and self.spec.check else None
+        if broken is not None:
+            raise ValueError(f"{label} must be {broken}, got {value!r}")
         if _checked(self.hint):
             try:
                 msgspec.convert(value, self.hint)
@@ -199,12 +206,19 @@ def walk(cls: type[Settings]) -> Iterator[tuple[str, Declared]]:
 
 def shown_default(item: Declared) -> str | None:
     """The default as a person reads it, or None when there is none worth showing."""
-    if item.spec is not None and item.spec.shown is not None:
+    if item.spec is not None and item.spec.shown:
         return item.spec.shown
     value = item.default
-    if value is dataclasses.MISSING or value is None or value is False or value == "":
+    if value is dataclasses.MISSING or value is None or value is False:
+        return None
+    if isinstance(value, str | tuple) and not value:
         return None
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """A ``parse`` for comma-separated settings: ``"a, b,,c"`` as ``("a", "b", "c")``."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _checked(hint: Any) -> bool:

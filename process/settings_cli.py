@@ -1,17 +1,19 @@
 """A config's command line, its values from flags and environment, and its README rows, all
 derived from its ``setting`` declarations (``process.settings``).
 
-A flag wins over its variable, and an empty variable counts as unset. Text is turned into a
-value by msgspec (``strict=False``: ``"9345"`` is an int) or by the setting's ``parse``; a bad
-text or value stops the process with one usage line that names the flag or the variable,
-never a traceback. Must not name any particular setting.
+A flag wins over its variable, and a blank variable counts as unset. Text is turned into a
+value by msgspec (``strict=False``: ``"9345"`` is an int), by the setting's ``parse``, or for a
+bool from true/false words; a bad text or value stops the process with one usage line that
+names the flag or the variable, never a traceback. ``settings_from_env`` builds a config from
+variables alone, for code that has no command line (Dynamo's ``LoRAManager()``). Must not name
+any particular setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -25,11 +27,13 @@ __all__ = [
     "parse_settings",
     "setting_rows",
     "settings_from_args",
+    "settings_from_env",
 ]
 
 C = TypeVar("C", bound=Settings)
 
-_TRUE: Final = {"1", "true", "yes", "on"}
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
 
 
 class SettingRow(NamedTuple):
@@ -70,20 +74,32 @@ def parse_settings(
         parser.error(str(exc))
 
 
-def settings_from_args(cls: type[C], args: argparse.Namespace, prefix: str = "") -> C:
-    """Build ``cls`` from parsed flags, then variables, then defaults (raises ValueError)."""
+def settings_from_args(
+    cls: type[C],
+    args: argparse.Namespace,
+    prefix: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> C:
+    """Build ``cls`` from parsed flags, then variables (``os.environ`` unless ``environ``),
+    then defaults (raises ValueError)."""
+    env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for item in declared(cls):
         if item.spec is None:
             continue
-        found = _text(item, getattr(args, prefix + item.name, None))
+        found = _text(item, getattr(args, prefix + item.name, None), env)
         if found is not None:
             values[item.name] = _value(item, *found)
         elif item.required:
             raise ValueError(f"{item.spec.label} is required")
     for name, group in groups(cls):
-        values[name] = settings_from_args(group, args, f"{prefix}{name}.")
+        values[name] = settings_from_args(group, args, f"{prefix}{name}.", env)
     return cls(**values)
+
+
+def settings_from_env(cls: type[C], environ: Mapping[str, str] | None = None) -> C:
+    """Build ``cls`` from its variables and defaults alone, as if no flag were given."""
+    return settings_from_args(cls, argparse.Namespace(), environ=environ)
 
 
 def setting_rows(cls: type[Settings]) -> Iterator[SettingRow]:
@@ -102,26 +118,26 @@ def setting_rows(cls: type[Settings]) -> Iterator[SettingRow]:
         yield SettingRow(f"`{spec.env}`" if spec.env else "", flag, default, meaning)
 
 
-def _text(item: Declared, flagged: Any) -> tuple[Any, str] | None:
+def _text(item: Declared, flagged: Any, env: Mapping[str, str]) -> tuple[Any, str] | None:
     """The text to parse and where it came from: the flag, else the variable, else the
     shown default of a setting with its own ``parse``."""
     spec = item.spec
     assert spec is not None
     if flagged is not None:
         return flagged, spec.flag or ""
-    raw = os.environ.get(spec.env) if spec.env else None
-    if raw:
+    raw = env.get(spec.env) if spec.env else None
+    if raw and raw.strip():
         return raw, spec.env or ""
-    if spec.secret and spec.env and os.environ.get(f"{spec.env}_FILE"):
-        return _read_secret(f"{spec.env}_FILE")
+    if spec.secret and spec.env and env.get(f"{spec.env}_FILE"):
+        return _read_secret(f"{spec.env}_FILE", env[f"{spec.env}_FILE"])
     if spec.parse is not None and spec.shown is not None:
         return spec.shown, "default"
     return None
 
 
-def _read_secret(variable: str) -> tuple[str, str]:
-    """The text of the file that ``variable`` names, without its trailing newline."""
-    path = Path(os.environ[variable])
+def _read_secret(variable: str, named: str) -> tuple[str, str]:
+    """The text of the file ``named`` (by ``variable``), without its trailing newline."""
+    path = Path(named)
     try:
         return path.read_text().strip(), variable
     except OSError as exc:
@@ -138,10 +154,17 @@ def _value(item: Declared, text: Any, source: str) -> Any:
         if spec.parse is not None:
             return spec.parse(text)
         if item.base is bool:
-            return str(text).strip().lower() in _TRUE
+            return _bool(text)
         return msgspec.convert(text, item.base, strict=False)
     except (ValueError, msgspec.ValidationError) as exc:
         raise ValueError(f"{_where(spec.flag, spec.env, source, text)}: {exc}") from None
+
+
+def _bool(text: Any) -> bool:
+    word = str(text).strip().lower()
+    if word not in _TRUE | _FALSE:
+        raise ValueError(f"must be true or false ({', '.join(sorted(_TRUE | _FALSE))})")
+    return word in _TRUE
 
 
 def _where(flag: str | None, env: str | None, source: str, text: Any) -> str:

@@ -74,7 +74,10 @@ class AdapterVersion:
     lora_id: int = 0
     card: ModelDeploymentCard | None = None
     busy: int = 0
-    """Requests running on this version now."""
+    """Requests running on this version now (``LoraController.track``, around the engine's
+    ``generate``): a busy version is never evicted, a draining one is removed at 0, and its
+    adapter is not idle. Per version, which the endpoint's count (per worker) cannot say;
+    without vLLM's request ids, which only ``AdapterTable`` holds (to abort leftovers)."""
     warnings: list[str] = field(default_factory=list)
     """What fetching let through but the load's answer should say (base model mismatch)."""
 

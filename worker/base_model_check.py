@@ -25,7 +25,7 @@ import structlog
 from lorafleet.fleet.adapter_files import read_adapter_config
 from lorafleet.proto.errors import InvalidRequestError
 
-__all__ = ["BaseModelCheck", "BaseModelPolicy", "comma_list", "hub_id"]
+__all__ = ["BaseModelCheck", "BaseModelPolicy", "hub_id"]
 
 log = structlog.get_logger(__name__)
 
@@ -43,11 +43,6 @@ class BaseModelCheck(enum.Enum):
     """Load it; say so in the load's answer and the log."""
     OFF = "off"
     """Do not compare."""
-
-
-def comma_list(text: str) -> tuple[str, ...]:
-    """``"a, b,,c"`` as ``("a", "b", "c")``."""
-    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def hub_id(model: str) -> str | None:

@@ -3,8 +3,9 @@
 
 ``WorkerConfig`` adds the worker's own settings to the ones every process shares
 (``ConnectionSettings``), and holds two groups declared beside the code that reads them:
-``EngineConfig`` (``worker/engine.py``: model, LoRA slots, engine options) and
-``PlacementSettings`` (``worker/placement.py``: the ``--lora-copy-*`` knobs). Adding a setting
+``EngineConfig`` (``worker/engine.py``: model, LoRA slots, engine options),
+``LoRAManagerConfig`` (``worker/lora/config.py``: the adapter cache and sources, ``DYN_LORA_*``)
+and ``PlacementSettings`` (``worker/placement.py``: the ``--lora-copy-*`` knobs). Adding a setting
 is one ``setting(...)`` field on the class that uses it (``process/settings.py``).
 """
 
@@ -22,6 +23,7 @@ from lorafleet.process.settings import AT_LEAST_ONE, PORT, POSITIVE, setting
 from lorafleet.process.settings_cli import add_settings, parse_settings
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines import ENGINE_KINDS
+from lorafleet.worker.lora.config import LoRAManagerConfig
 from lorafleet.worker.placement import PlacementSettings
 
 __all__ = ["WorkerConfig", "build_parser", "parse_worker_args"]
@@ -84,6 +86,7 @@ class WorkerConfig(ConnectionSettings):
         "<token>; unset, they are open",
         more="A frontend sends it with its on-demand loads, so set the workers' value there too.",
     )  # fmt: skip
+    lora: LoRAManagerConfig = field(default_factory=LoRAManagerConfig)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
 
     @property

@@ -100,6 +100,10 @@ class Endpoint:
         self.update_handler: UpdateHandler | None = None
         self._subscription: Any = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        """The generate requests this instance is serving, by request id, from arrival until
+        the answer is sent: cancel and ping find them, drain waits for them, and their number
+        is the worker's one in-flight count (``inflight``: the load record, the gauge). Not
+        per adapter version (``AdapterVersion.busy``) nor vLLM's ids (``AdapterTable``)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -109,7 +113,7 @@ class Endpoint:
 
     @property
     def inflight(self) -> int:
-        """Generate requests being served right now."""
+        """Generate requests this worker is serving now, base model and adapters."""
         return len(self._inflight)
 
     async def register_model(self, card: ModelDeploymentCard) -> None:
@@ -199,7 +203,6 @@ class Endpoint:
         structlog.contextvars.bind_contextvars(request_id=request.request_id, model=request.model)
         started = time.perf_counter()
         outcome = "ok"
-        metrics.INFLIGHT_REQUESTS.inc()
         try:
             await self._stream(request, reply)
         except asyncio.CancelledError:
@@ -213,7 +216,6 @@ class Endpoint:
             info = ErrorInfo(code="upstream_error", message=f"engine failed: {exc}")
             await self._nc.publish(reply, encode_msg(ErrorChunk(error=info)))
         finally:
-            metrics.INFLIGHT_REQUESTS.dec()
             metrics.REQUESTS.labels(request.model, outcome).inc()
             metrics.REQUEST_SECONDS.labels(request.model).observe(time.perf_counter() - started)
 

@@ -19,11 +19,11 @@ from typing import Annotated, Any, Generic, Protocol, TypeVar
 import msgspec
 from msgspec import Meta
 
-from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, Settings, setting
+from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, Settings, comma_list, setting
 from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig
 from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
 from lorafleet.proto.naming import lora_slug
-from lorafleet.worker.base_model_check import BaseModelCheck, comma_list
+from lorafleet.worker.base_model_check import BaseModelCheck
 
 __all__ = [
     "AdapterBackend",
@@ -108,7 +108,7 @@ class EngineConfig(Settings):
     )  # fmt: skip
     base_model_aliases: tuple[str, ...] = setting(
         (), flag="--lora-base-model-aliases", env="DYN_LORA_BASE_MODEL_ALIASES",
-        parse=comma_list, shown="", metavar="NAMES",
+        parse=comma_list, metavar="NAMES",
         help="more names of the base model that adapters may name, comma-separated",
     )  # fmt: skip
     context_length: int = setting(
@@ -144,6 +144,11 @@ class ModelEndpoint(Protocol):
     @property
     def instance_id(self) -> int:
         """The worker's lease id, which names it in etcd and on NATS."""
+        ...
+
+    @property
+    def inflight(self) -> int:
+        """Generate requests this worker is serving now, base model and adapters."""
         ...
 
     async def register_model(self, card: ModelDeploymentCard) -> None:

@@ -103,6 +103,7 @@ class LoraController:
             backend=backend, endpoint=endpoint, source=source, base_card=base_card,
             base_check=base_check,
         )  # fmt: skip
+        self._endpoint = endpoint
         self._base_card = base_card
         self._max_loras = base_card.runtime_config.max_loras
         self.records: dict[str, AdapterRecord] = {}
@@ -113,7 +114,6 @@ class LoraController:
         self.eviction = Eviction(self.records, self.demand)
         self.on_change: ChangeListener = lambda: None
         self.on_evict: EvictionListener = _nothing
-        self._base_busy = 0
         self._observe_slots()
 
     def attach_fleet(
@@ -142,15 +142,14 @@ class LoraController:
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
         """Count a request on the version serving ``model`` now (busy versions are never
-        removed while it runs, and a draining one waits for it)."""
+        removed while it runs, and a draining one waits for it); any request's start and end
+        changes the load record (``in_flight``, demand)."""
         record = self.records.get(model)
         version = record.serving if record is not None else None
         if record is not None and version is not None:
             version.busy += 1
             record.last_used, record.unserved = time.monotonic(), False
             self.demand.record(model)
-        else:
-            self._base_busy += 1
         self.on_change()
         try:
             yield
@@ -158,8 +157,6 @@ class LoraController:
             if record is not None and version is not None:
                 version.busy -= 1
                 record.last_used = time.monotonic()
-            else:
-                self._base_busy -= 1
             self._steps.request_ended()
             self.on_change()
 
@@ -191,8 +188,8 @@ class LoraController:
 
     @property
     def in_flight(self) -> int:
-        """Requests being served now (base model and adapters)."""
-        return self._base_busy + sum(record.busy for record in self.records.values())
+        """Requests being served now, base model and adapters: the endpoint's count."""
+        return self._endpoint.inflight
 
     def idle_s(self, name: str) -> float:
         """Seconds since ``name`` was loaded or last served a request; 0 while busy."""

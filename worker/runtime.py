@@ -35,6 +35,7 @@ from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnect
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.discovery.startup import connect_with_retry, unless_stopped
 from lorafleet.proto.discovery import Instance, encode_record
+from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.config import WorkerConfig
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
@@ -159,6 +160,7 @@ class WorkerRuntime:
         )  # fmt: skip
         endpoint = Endpoint(nats.client, lease, address, update_token=cfg.auth_token)
         await endpoint.serve()
+        metrics.INFLIGHT_REQUESTS.set_function(lambda: endpoint.inflight)  # its one count
         return endpoint
 
     def _enable_adapters(self, stack: contextlib.AsyncExitStack) -> None:
@@ -171,7 +173,7 @@ class WorkerRuntime:
             return
         from lorafleet.worker.lora import LoRAManager  # boto3 and friends load only when LoRA is on
 
-        manager = LoRAManager.from_env()
+        manager = LoRAManager(config=self.config.lora)
         stack.push_async_callback(manager.aclose)
         self.engine.enable_adapters(manager)
 

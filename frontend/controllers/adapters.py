@@ -13,33 +13,27 @@ from typing import Final
 
 from litestar import Controller, Response, delete, get
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
+from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
 from lorafleet.frontend.desired_state import DesiredState
-from lorafleet.frontend.errors import MAX_NAMES_IN_MESSAGE
+from lorafleet.frontend.errors import names_in_message
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.services import Services
 from lorafleet.proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
 from lorafleet.proto.errors import ConflictError, NotFoundError
 from lorafleet.proto.limits import shorten
-from lorafleet.proto.openai import OpenAIErrorResponse
 
 __all__ = ["AdaptersController"]
 
 
-def _error(description: str) -> ResponseSpec:
-    return ResponseSpec(data_container=OpenAIErrorResponse, description=description)
-
-
 WRITE_ERRORS: Final = {
-    400: _error("Invalid spec; the message names the field"),
-    401: _error("DYN_ADMIN_TOKEN is set and the bearer token is missing or wrong"),
-    409: _error("The name is a base model's or an alias's name"),
-    503: _error("etcd is unavailable"),
+    400: error_answer("Invalid spec; the message names the field"),
+    **ADMIN_ERRORS,
+    409: error_answer("The name is a base model's or an alias's name"),
 }
-NOT_FOUND: Final = {404: _error("No such adapter in the desired state or on any instance")}
+NOT_FOUND: Final = {404: error_answer("No such adapter in the desired state or on any instance")}
 
 
 def _check_against_served(spec: AdapterSpec, registry: ModelRegistry) -> list[str]:
@@ -143,5 +137,5 @@ def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
 
 
 def _not_found(desired: DesiredState, name: str) -> NotFoundError:
-    known = ", ".join(s.name for s in desired.specs()[:MAX_NAMES_IN_MESSAGE]) or "none"
+    known = names_in_message([spec.name for spec in desired.records()])
     return NotFoundError(f"adapter {shorten(name)!r} is not in the desired state; desired: {known}")

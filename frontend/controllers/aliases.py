@@ -13,11 +13,12 @@ from typing import Final, TypeAlias
 
 from litestar import Controller, Response, delete, get
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
 from lorafleet.frontend.aliases import AliasBook
+from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
+from lorafleet.frontend.errors import names_in_message
 from lorafleet.frontend.rollout import promote, rollback, start_rollout
 from lorafleet.frontend.services import Services
 from lorafleet.proto.aliases import (
@@ -31,7 +32,6 @@ from lorafleet.proto.aliases import (
 )
 from lorafleet.proto.errors import ConflictError, InvalidRequestError, NotFoundError
 from lorafleet.proto.limits import shorten
-from lorafleet.proto.openai import OpenAIErrorResponse
 
 __all__ = ["AliasesController", "RolloutsController"]
 
@@ -39,18 +39,13 @@ _AliasChange: TypeAlias = Callable[[Alias], Alias]
 """Turns a stored alias into the one to store; raises to refuse."""
 
 
-def _error(description: str) -> ResponseSpec:
-    return ResponseSpec(data_container=OpenAIErrorResponse, description=description)
-
-
 WRITE_ERRORS: Final = {
-    400: _error("Bad targets, weights or policy; the message names the problem"),
-    401: _error("DYN_ADMIN_TOKEN is set and the bearer token is missing or wrong"),
-    404: _error("No such alias"),
-    409: _error(
+    400: error_answer("Bad targets, weights or policy; the message names the problem"),
+    **ADMIN_ERRORS,
+    404: error_answer("No such alias"),
+    409: error_answer(
         "The name is a served model or a declared adapter, or the rollout's phase does not allow it"
     ),
-    503: _error("etcd is unavailable"),
 }
 
 
@@ -81,7 +76,7 @@ class AliasesController(Controller):
     @get("/", operation_id="listAliases", summary="List aliases, their targets and rollouts")
     async def list_aliases(self, services: NamedDependency[Services]) -> AliasList:
         """Every alias by name."""
-        return AliasList(data=services.aliases.aliases())
+        return AliasList(data=services.aliases.records())
 
     @get(
         "/{name:path}",
@@ -198,5 +193,5 @@ def _alias_or_404(book: AliasBook, name: str) -> Alias:
 
 
 def _not_found(book: AliasBook, name: str) -> NotFoundError:
-    known = ", ".join(alias.name for alias in book.aliases()[:10]) or "none"
+    known = names_in_message([alias.name for alias in book.records()])
     return NotFoundError(f"alias {shorten(name)!r} does not exist; aliases: {known}")

@@ -97,7 +97,7 @@ class ModelsController(Controller):
         tenant = _tenant(request, services)
         resolver = services.resolver
         cold = resolver.cold()
-        aliases = services.aliases.aliases()
+        aliases = services.aliases.records()
         # the usual case: the registry's pre-encoded entries
         if not cold and not aliases and tenant is None:
             body = resolver.registry.joined(_encoded_model_object, head=_BODY_HEAD, tail=_BODY_TAIL)

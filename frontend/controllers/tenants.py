@@ -11,27 +11,21 @@ from typing import Final
 
 from litestar import Controller, delete, get
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody
 
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
+from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
 from lorafleet.frontend.services import Services
-from lorafleet.proto.openai import OpenAIErrorResponse
 from lorafleet.proto.tenants import ApiKeyCreated, ApiKeyList, ApiKeyRequest, Tenant, TenantList
 
 __all__ = ["KeysController", "TenantsController"]
 
 
-def _error(description: str) -> ResponseSpec:
-    return ResponseSpec(data_container=OpenAIErrorResponse, description=description)
-
-
 ERRORS: Final = {
-    400: _error("A bad field, or a key for a tenant that does not exist"),
-    401: _error("DYN_ADMIN_TOKEN is set and the bearer token is missing or wrong"),
-    404: _error("No such tenant or key"),
-    409: _error("The tenant still has keys"),
-    503: _error("etcd is unavailable"),
+    400: error_answer("A bad field, or a key for a tenant that does not exist"),
+    **ADMIN_ERRORS,
+    404: error_answer("No such tenant or key"),
+    409: error_answer("The tenant still has keys"),
 }
 
 

@@ -109,3 +109,14 @@ def test_an_unreadable_secret_file_stops_the_frontend_naming_the_variable(
     with pytest.raises(SystemExit):
         frontend_main([])
     assert "DYN_ADMIN_TOKEN_FILE=" in capsys.readouterr().err
+
+
+def test_a_bool_variable_that_is_not_a_true_or_false_word_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DYN_LORA_ENABLED", "ture")  # once silently off
+    with pytest.raises(SystemExit):
+        parse_worker_args(["--model", "m"])
+    assert "DYN_LORA_ENABLED='ture' is not valid: must be true or false" in capsys.readouterr().err
+    monkeypatch.setenv("DYN_LORA_ENABLED", " Yes ")
+    assert parse_worker_args(["--model", "m"]).lora_enabled

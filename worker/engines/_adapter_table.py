@@ -3,6 +3,12 @@
 Only what the engine needs to serve and drain: the bookkeeping (slots, ids,
 collisions) is ``worker.lora_controller``'s. Kept free of vLLM imports so the
 main test suite checks it.
+
+The running requests are vLLM's request ids (``{request_id}-{n}``, fresh per call so a
+migrated continuation never collides), by engine key: removing an adapter waits for them
+and then aborts the ones left, which needs the ids. The controller's ``AdapterVersion.busy``
+counts the same requests for its own rules (drain, eviction) but cannot hold these ids: it
+counts before the engine picks them, and mocker and hf have none.
 """
 
 from __future__ import annotations

@@ -1,18 +1,24 @@
-"""The LoRA manager's configuration: one frozen object, validated once, readable from DYN_LORA_*.
+"""The LoRA manager's configuration: one frozen object whose ``DYN_LORA_*`` settings are each
+declared once (``process.settings``), validated once, and listed in the README's table.
 
-The AWS settings are not here: boto3 reads the standard AWS environment itself.
+The worker reads them with its other settings (``WorkerConfig.lora``); Dynamo's
+``LoRAManager()`` reads them from the environment (``from_env``). They have no flags: the
+environment is what both readers, and ``lorafleet up`` (``launch/file_roots.py``), see. The
+AWS settings are not here: boto3 reads the standard AWS environment itself.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Annotated, Final
 
 from lorafleet.fleet.adapter_files import ALLOW_PICKLE_VARIABLE
+from lorafleet.process.settings import POSITIVE, Settings, comma_list, setting
+from lorafleet.process.settings_cli import settings_from_env
 from lorafleet.proto.uris import is_scheme_name
 from lorafleet.worker.lora.errors import LoraConfigError
 from lorafleet.worker.lora.source import LoRASource
@@ -21,16 +27,63 @@ __all__ = ["DEFAULT_CACHE_DIR", "LoRAManagerConfig", "load_source"]
 
 DEFAULT_CACHE_DIR: Final = Path("~/.cache/lorafleet/loras")
 DEFAULT_DOWNLOAD_TIMEOUT_S: Final = 3600.0
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+_BYTES_MORE: Final = "In bytes, `_` allowed (`10_000_000`); `0`: no bound."
 
 
 def _default_cache_dir() -> Path:
     return DEFAULT_CACHE_DIR.expanduser()
 
 
+def _path(text: str) -> Path:
+    return Path(text.strip()).expanduser()
+
+
+def _paths(text: str) -> tuple[Path, ...]:
+    return tuple(_path(part) for part in text.split(os.pathsep) if part.strip())
+
+
+def _schemes(text: str) -> frozenset[str] | None:
+    return frozenset(scheme.lower() for scheme in comma_list(text)) or None
+
+
+def _sources(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple(_source(item) for item in comma_list(text))
+
+
+def _source(item: str) -> tuple[str, str]:
+    scheme, sep, spec = item.partition("=")
+    module, colon, attr = spec.strip().partition(":")
+    if not sep or not colon or not module or not attr:
+        raise ValueError(f"entry {item!r} is not scheme=module:attr (e.g. hf=pkg.mod:Source)")
+    return scheme.strip().lower(), spec.strip()
+
+
+def _byte_count(text: str) -> int | None:
+    value = text.strip().replace("_", "")
+    if not value.isdigit():
+        raise ValueError("must be a byte count, e.g. 10_000_000 (0: no bound)")
+    return int(value) or None
+
+
+def _absolute(roots: tuple[Path, ...]) -> str | None:
+    return None if all(root.is_absolute() for root in roots) else "absolute paths"
+
+
+def _scheme_names(schemes: Collection[str] | None) -> str | None:
+    good = all(is_scheme_name(scheme) for scheme in schemes or ())
+    return None if good else "scheme names (lower-case, e.g. 's3')"
+
+
+def _source_schemes(sources: tuple[tuple[str, str], ...]) -> str | None:
+    return _scheme_names([scheme for scheme, _ in sources])
+
+
+def _positive_or_none(value: int | None) -> str | None:
+    return "positive, or None for no bound" if value is not None and value <= 0 else None
+
+
 @dataclass(frozen=True, kw_only=True)
-class LoRAManagerConfig:
+class LoRAManagerConfig(Settings):
     """Where adapters are cached and which sources may be used.
 
     Examples::
@@ -40,41 +93,56 @@ class LoRAManagerConfig:
         LoRAManagerConfig(file_roots=(Path("/models"),), allowed_schemes=frozenset({"file"}))
     """
 
-    cache_dir: Path = field(default_factory=_default_cache_dir)
-    file_roots: tuple[Path, ...] = ()
-    """``file://`` paths must lie under one of these; empty means anywhere."""
-    allowed_schemes: frozenset[str] | None = None
-    """Schemes that may be used; None means every scheme that has a source."""
-    cache_max_bytes: int | None = None
-    """Evict least recently used unused entries above this total; None means no cap."""
-    sources: tuple[tuple[str, str], ...] = ()
-    """``(scheme, "module:attr")`` pairs of configured sources, tried in this order."""
-    download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
-    """``DYN_LORA_DOWNLOAD_TIMEOUT_S``: one source's whole download of one adapter fails
-    after this long (a source that hangs mid-download), and a later load tries again."""
-    max_adapter_bytes: int | None = None
-    """Refuse one adapter larger than this: from the source's listing before the download
-    where the source has one (S3), and while any source writes; None means no bound."""
-    allow_pickle: bool = False
-    """Load ``adapter_model.bin`` (a pickle, which can run code); safetensors only when False."""
+    cache_dir: Path = setting(
+        factory=_default_cache_dir, env="DYN_LORA_PATH", parse=_path, shown=str(DEFAULT_CACHE_DIR),
+        help="the adapter cache directory",
+        more="Details: [`docs/lora-manager.md`](docs/lora-manager.md).",
+    )  # fmt: skip
+    file_roots: tuple[Path, ...] = setting(
+        (), env="DYN_LORA_FILE_ROOTS", parse=_paths, check=_absolute,
+        help="`file://` roots, `:`-separated like `PATH`; paths, and links inside an adapter "
+        "directory, must resolve under one",
+        more="Unset: anywhere.",
+    )  # fmt: skip
+    allowed_schemes: frozenset[str] | None = setting(
+        None, env="DYN_LORA_ALLOWED_SCHEMES", parse=_schemes, check=_scheme_names,
+        help="the URI schemes adapters may use, comma-separated, e.g. `file,s3`",
+        more="Unset: every scheme that has a source.",
+    )  # fmt: skip
+    cache_max_bytes: int | None = setting(
+        None, env="DYN_LORA_CACHE_MAX_BYTES", parse=_byte_count, check=_positive_or_none,
+        help="the cache's size cap; above it the least recently used entries that no loaded "
+        "adapter uses are evicted",
+        more=_BYTES_MORE,
+    )  # fmt: skip
+    sources: tuple[tuple[str, str], ...] = setting(
+        (), env="DYN_LORA_SOURCES", parse=_sources, check=_source_schemes,
+        help="custom sources, `scheme=module:attr,...`, tried in this order",
+        more="A class or zero-argument factory is called; an object is used as is.",
+    )  # fmt: skip
+    download_timeout_s: Annotated[float, POSITIVE] = setting(
+        DEFAULT_DOWNLOAD_TIMEOUT_S, env="DYN_LORA_DOWNLOAD_TIMEOUT_S",
+        help="seconds after which one source's whole download of one adapter fails (a source "
+        "that hangs mid-download); a later load tries again",
+    )  # fmt: skip
+    max_adapter_bytes: int | None = setting(
+        None, env="DYN_LORA_MAX_BYTES", parse=_byte_count, check=_positive_or_none,
+        help="one adapter's size bound: checked from S3's listing and the hub's file listing "
+        "(`hf://`) before any download, on S3's stream, on what any other source writes (every 0.1 s), and on `file://` adapters; over "
+        "it the load is refused with 400 and nothing stays in the cache",
+        more=_BYTES_MORE,
+    )  # fmt: skip
+    allow_pickle: bool = setting(
+        False, env=ALLOW_PICKLE_VARIABLE,
+        help="load `adapter_model.bin` (a pickle, which can run code when loaded); off, only "
+        "safetensors weights load, and a pickle is refused with 400 naming this variable",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for variable, value in (
-            ("DYN_LORA_CACHE_MAX_BYTES", self.cache_max_bytes),
-            ("DYN_LORA_MAX_BYTES", self.max_adapter_bytes),
-        ):
-            if value is not None and value <= 0:
-                raise LoraConfigError(f"{variable} must be positive, got {value}")
-        if any(not root.is_absolute() for root in self.file_roots):
-            raise LoraConfigError(f"DYN_LORA_FILE_ROOTS must be absolute paths: {self.file_roots}")
-        bad = [s for s in (self.allowed_schemes or ()) if not is_scheme_name(s)]
-        bad += [scheme for scheme, spec in self.sources if not is_scheme_name(scheme)]
-        if bad:
-            raise LoraConfigError(f"invalid scheme names (lower-case, e.g. 's3'): {sorted(bad)}")
-        if self.download_timeout_s <= 0:
-            raise LoraConfigError(
-                f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be positive, got {self.download_timeout_s}"
-            )
+        try:
+            super().__post_init__()
+        except ValueError as exc:
+            raise LoraConfigError(str(exc)) from None
         self._check_sources_allowed()
 
     def _check_sources_allowed(self) -> None:
@@ -89,63 +157,13 @@ class LoRAManagerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoRAManagerConfig:
-        """Read ``DYN_LORA_{PATH,FILE_ROOTS,SOURCES,ALLOWED_SCHEMES,CACHE_MAX_BYTES,MAX_BYTES,
-        ALLOW_PICKLE,DOWNLOAD_TIMEOUT_S}``."""
-        env = os.environ if environ is None else environ
-        path = env.get("DYN_LORA_PATH", "").strip()
-        roots = env.get("DYN_LORA_FILE_ROOTS", "")
-        allowed = _split(env.get("DYN_LORA_ALLOWED_SCHEMES", ""))
-        return cls(
-            cache_dir=Path(path).expanduser() if path else _default_cache_dir(),
-            file_roots=tuple(Path(r).expanduser() for r in roots.split(os.pathsep) if r.strip()),
-            allowed_schemes=frozenset(s.lower() for s in allowed) if allowed else None,
-            cache_max_bytes=_parse_bytes(env, "DYN_LORA_CACHE_MAX_BYTES"),
-            max_adapter_bytes=_parse_bytes(env, "DYN_LORA_MAX_BYTES"),
-            allow_pickle=_parse_bool(env, ALLOW_PICKLE_VARIABLE),
-            sources=tuple(_parse_source(item) for item in _split(env.get("DYN_LORA_SOURCES", ""))),
-            download_timeout_s=_parse_seconds(env.get("DYN_LORA_DOWNLOAD_TIMEOUT_S", "")),
-        )
-
-
-def _split(value: str) -> list[str]:
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def _parse_bytes(env: Mapping[str, str], variable: str) -> int | None:
-    value = env.get(variable, "").strip().replace("_", "")
-    if not value or value == "0":
-        return None
-    if not value.isdigit():
-        raise LoraConfigError(f"{variable} must be a byte count, got {value!r}")
-    return int(value)
-
-
-def _parse_bool(env: Mapping[str, str], variable: str) -> bool:
-    value = env.get(variable, "").strip().lower()
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise LoraConfigError(f"{variable} must be true or false, got {value!r}")
-
-
-def _parse_seconds(value: str) -> float:
-    if not value.strip():
-        return DEFAULT_DOWNLOAD_TIMEOUT_S
-    try:
-        return float(value)
-    except ValueError:
-        raise LoraConfigError(
-            f"DYN_LORA_DOWNLOAD_TIMEOUT_S must be seconds (e.g. 600), got {value!r}"
-        ) from None
-
-
-def _parse_source(item: str) -> tuple[str, str]:
-    scheme, sep, spec = item.partition("=")
-    module, colon, attr = spec.strip().partition(":")
-    if not sep or not colon or not module or not attr:
-        raise LoraConfigError(
-            f"DYN_LORA_SOURCES entry {item!r} is not scheme=module:attr (e.g. hf=pkg.mod:Source)"
-        )
-    return scheme.strip().lower(), spec.strip()
+        """Read the ``DYN_LORA_*`` variables declared above (``os.environ`` unless given)."""
+        try:
+            return settings_from_env(cls, environ)
+        except LoraConfigError:
+            raise
+        except ValueError as exc:
+            raise LoraConfigError(str(exc)) from None
 
 
 def load_source(scheme: str, spec: str) -> LoRASource:

@@ -9,7 +9,7 @@ Every error names the URI (secrets removed) and a hint, and maps onto a
     │   ├── LoraInvalidAdapterError   + InvalidRequestError  not a usable adapter
     │   ├── LoraNotFoundError         + NotFoundError        nothing at that URI
     │   └── LoraUnavailableError      + UnavailableError     unreachable, credentials, crash
-    └── LoraConfigError               + InvalidRequestError  bad DYN_LORA_* configuration
+    └── LoraConfigError               + InvalidRequestError, ValueError  bad DYN_LORA_*
 
 When several sources serve one scheme and all fail, the error raised is one of
 the classes above (the most retryable kind among the failures) and keeps every
@@ -81,8 +81,11 @@ class LoraUnavailableError(LoraSourceError, UnavailableError):
     """The source cannot be reached or refused the credentials; retrying may help."""
 
 
-class LoraConfigError(InvalidRequestError):
-    """A ``DYN_LORA_*`` setting or a source registration is invalid; names the setting."""
+class LoraConfigError(InvalidRequestError, ValueError):
+    """A ``DYN_LORA_*`` setting or a source registration is invalid; names the setting.
+
+    A ``ValueError`` too, as every bad setting is: the worker's command line then stops with
+    one usage line naming the variable (``process.settings_cli.parse_settings``)."""
 
 
 LOCAL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
