@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -67,9 +68,14 @@ def pickle_problem(path: Path) -> str | None:
     )
 
 
-def adapter_bytes(path: Path) -> int:
-    """Bytes of the files under ``path`` (an adapter directory, or one being downloaded)."""
-    return sum(member.stat().st_size for member in path.rglob("*") if member.is_file())
+def adapter_bytes(path: Path, skip: Collection[str] = ()) -> int:
+    """Bytes of the files under ``path`` (an adapter directory, or one being downloaded),
+    leaving out its top-level entries named in ``skip`` (a source's own bookkeeping)."""
+    return sum(
+        member.stat().st_size
+        for member in path.rglob("*")
+        if member.is_file() and member.relative_to(path).parts[0] not in skip
+    )
 
 
 def read_adapter_config(path: Path) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class CustomSource:
             raise LoraConfigError(f"source for {scheme!r} has an exists() that is not async")
         self.inner = source
         self.name = str(getattr(source, "name", type(source).__name__))
+        self.bookkeeping = tuple(str(entry) for entry in getattr(source, "bookkeeping", ()))
+        """Top-level entries of its download that are the source's own (``LoRASource``)."""
 
     async def download(self, uri: str, dest: Path) -> Path:
         """Check ``exists`` when the source has it, then let the source download into ``dest``."""

@@ -53,6 +53,8 @@ class HfSource:
     """Downloads an adapter repository's files from the Hub (or ``HF_ENDPOINT``)."""
 
     name = "hf"
+    bookkeeping = (HF_LOCAL_METADATA_DIR,)
+    """Left out of the manager's size watch: huggingface_hub's files, removed on return."""
 
     def __init__(self, *, max_bytes: int | None = None) -> None:
         """``max_bytes`` bounds one adapter: the sum of its listed file sizes, before any GET."""

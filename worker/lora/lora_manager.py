@@ -48,8 +48,9 @@ __all__ = ["DownloadResult", "LoRAManager"]
 log = structlog.get_logger(__name__)
 
 TRACEBACK_FRAMES: Final = 3
-SIZE_CHECK_INTERVAL_S: Final = 0.1
 """Frames of a crashed source's traceback that are logged (never the exception's text)."""
+SIZE_CHECK_INTERVAL_S: Final = 0.1
+"""How often a running download's directory is measured against the adapter bound."""
 
 DownloadResult = dict[str, Any]
 """Dynamo's answer shape: ``{"status": "success", "local_path": str}`` or
@@ -333,7 +334,8 @@ class LoRAManager:
         """Run one source's download, turning a timeout or a foreign exception into our error."""
         try:
             async with asyncio.timeout(self.config.download_timeout_s):
-                return Path(await self._bounded(source.download(uri, dest), uri, dest))
+                download = source.download(uri, dest)
+                return Path(await self._bounded(download, uri, dest, _bookkeeping(source)))
         except LoraSourceError:
             raise
         except TimeoutError as exc:
@@ -358,23 +360,33 @@ class LoRAManager:
                 hint="see the worker log (lora.source_crashed) for where it failed",
             ) from exc
 
-    async def _bounded(self, download: Awaitable[Path], uri: str, dest: Path) -> Path:
+    async def _bounded(
+        self, download: Awaitable[Path], uri: str, dest: Path, bookkeeping: tuple[str, ...]
+    ) -> Path:
         """Await ``download``, cancelling it once ``dest`` holds more than the adapter bound.
 
         A backstop for sources that cannot bound themselves (custom ones): S3 stops its own
         stream at the bound. Checked every ``SIZE_CHECK_INTERVAL_S``, so a source may write
         past the bound for that long before it is cut off; the download directory is removed.
+        The source's ``bookkeeping`` entries in ``dest`` (removed before it returns) are not
+        counted, so a bound equal to an adapter's size lets it through.
         """
         bound = self.config.max_adapter_bytes
         task = asyncio.ensure_future(download)
         try:
             while bound is not None and not task.done():
                 await asyncio.wait({task}, timeout=SIZE_CHECK_INTERVAL_S)
-                if (size := await asyncio.to_thread(adapter_bytes, dest)) > bound:
+                if (size := await asyncio.to_thread(adapter_bytes, dest, bookkeeping)) > bound:
                     raise adapter_too_big(uri, size, bound)
             return await task
         finally:
             task.cancel()
+
+
+def _bookkeeping(source: LoRASource) -> tuple[str, ...]:
+    """The top-level names a source writes into its ``dest`` for itself (optional
+    ``bookkeeping`` attribute; none by default)."""
+    return tuple(getattr(source, "bookkeeping", ()))
 
 
 def _name(source: LoRASource) -> str:

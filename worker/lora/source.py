@@ -22,7 +22,10 @@ class LoRASource(Protocol):
     ``dest`` means "use it in place": it is validated but neither copied nor
     cached. Known failures are raised as ``worker.lora.errors.LoraSourceError``
     subclasses; anything else is reported as the source being unavailable.
-    ``download`` must not block the event loop (use ``asyncio.to_thread``).
+    ``download`` must not block the event loop (use ``asyncio.to_thread``). A source
+    that keeps files of its own in ``dest`` while it runs (and removes them before it
+    returns) may name their top-level entries in a ``bookkeeping`` tuple attribute, so
+    the manager's size watch does not count them.
     """
 
     async def download(self, uri: str, dest: Path) -> Path:

@@ -49,8 +49,9 @@ async def test_an_adapter_listed_over_the_size_bound_is_refused_before_any_file_
             await _manager(tmp_path, max_adapter_bytes=listed - 1).download(URI)
         fetched_when_refused = _fetched(repo)
         assert _cached_files(tmp_path) == []
-        # room for huggingface_hub's bookkeeping files, counted while it downloads
-        within = await _manager(tmp_path, max_adapter_bytes=listed + 4096).download(URI)
+        # exactly the adapter's size: huggingface_hub's own files in the download are not
+        # counted while it runs
+        within = await _manager(tmp_path, max_adapter_bytes=listed).download(URI)
 
     assert f"{listed} > {listed - 1}" in str(refused.value)
     assert refused.value.code == "invalid_request"  # 400: the adapter, not the hub, is wrong

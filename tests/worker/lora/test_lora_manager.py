@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from lorafleet.worker.lora import (
     LoraSourceError,
     LoraUnavailableError,
 )
+from lorafleet.worker.lora.lora_manager import SIZE_CHECK_INTERVAL_S
 from lorafleet.worker.lora.uri import cache_key
 
 
@@ -354,6 +356,37 @@ async def test_a_source_writing_past_the_size_bound_is_cut_off_and_leaves_nothin
     assert sum(written) > 64 << 10
     assert _entries(tmp_path) == set()
     assert not any((tmp_path / "cache").rglob("adapter_model.safetensors"))
+
+
+async def test_a_source_bookkeeping_is_not_counted_against_the_adapter_bound(
+    tmp_path: Path, make_adapter: Callable[..., Path]
+) -> None:
+    """A source may keep files of its own in its download while it runs (huggingface_hub's
+    ``.cache``): with the bound set to the adapter's exact size, the download goes through."""
+    probe = make_adapter(tmp_path / "probe")
+    exact = sum(p.stat().st_size for p in probe.rglob("*") if p.is_file())
+
+    class Bookkeeping:
+        bookkeeping = (".scratch",)
+
+        async def download(self, uri: str, dest: Path) -> Path:
+            make_adapter(dest)
+            (dest / ".scratch").mkdir()
+            (dest / ".scratch" / "progress").write_bytes(b"\0" * (64 << 10))
+            # a download still running: several of the manager's size checks see it
+            await asyncio.sleep(SIZE_CHECK_INTERVAL_S * 5)
+            shutil.rmtree(dest / ".scratch")
+            return dest
+
+        async def exists(self, uri: str) -> bool:
+            return True
+
+    manager = _manager(tmp_path, max_adapter_bytes=exact)
+    manager.register_custom_source("books", Bookkeeping())
+
+    path = await manager.download("books://pirate")
+
+    assert (path / "adapter_config.json").is_file() and not (path / ".scratch").exists()
 
 
 def _write_odd_member(
