@@ -203,12 +203,13 @@ def _mismatch(version: AdapterVersion, *, deleted: bool) -> ConflictError:
 
 async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:
     """Run one step of a load; in a swap (``old`` serves) a failure names the step and the
-    version that keeps serving. A first load's errors read as they always did."""
+    version that keeps serving, before the cause (a shortened message keeps them). A first
+    load's errors read as they always did."""
     try:
         await work
     except LorafleetError as exc:
         if old is not None:
-            exc.message = f"swap {name} step failed: {exc.message}; {old.digest} keeps serving"
+            exc.message = f"swap {name} step failed; {old.digest} keeps serving: {exc.message}"
             exc.args = (exc.message,)
             exc.fields.setdefault("step", name)
         raise
