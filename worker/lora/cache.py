@@ -101,10 +101,11 @@ class AdapterCache:
         raise OSError(errno.EEXIST, f"cache entry {key} kept changing under this process")
 
     def version_of(self, key: str) -> str | None:
-        """The source's version recorded with the entry of ``key``; None when none was."""
+        """The source's version recorded with the entry of ``key``; None when none was, or
+        it cannot be read (the entry is then fetched again)."""
         try:
             return (self.root / key / VERSION_FILE_NAME).read_text()
-        except FileNotFoundError:
+        except OSError:
             return None
 
     def remove(self, key: str) -> bool:
