@@ -115,7 +115,7 @@ async def test_a_swap_refused_for_its_sha256_shows_failed_while_the_old_version_
     assert (await _apply(frontend.http, uri, right)).status_code == 201
     placed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")
 
-    assert (await _apply(frontend.http, uri, wrong)).status_code == 200  # a swap, refused
+    assert (await _apply(frontend.http, uri, wrong)).status_code == 201  # a swap, refused
     failed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "failed")
 
     assert failed["error"]["code"] == "conflict" and wrong in failed["error"]["message"]
@@ -124,5 +124,5 @@ async def test_a_swap_refused_for_its_sha256_shows_failed_while_the_old_version_
     chat = {"model": "pirate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     answer = await frontend.http.post("/v1/chat/completions", json=chat, timeout=WAIT_S)
     assert answer.status_code == 200, answer.text
-    assert (await _apply(frontend.http, uri, right)).status_code == 200  # back as it serves
+    assert (await _apply(frontend.http, uri, right)).status_code == 201  # back as it serves
     await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")
