@@ -145,7 +145,14 @@ class LoraWrites:
     async def _reload_holders(self, spec: AdapterSpec) -> LoadOutcome:
         """Have every instance holding ``spec`` load its source again (``replace``: a swap
         when the files changed, "nothing changed" when not); raises the first error, once
-        all have answered (the others swapped or kept their version)."""
+        all have answered (the others swapped or kept their version). The holders are
+        etcd's now, not a moment ago: a copy published just before must not be missed."""
+        caches = (self._registry.instance_cache, self._registry.card_cache)
+        try:
+            await asyncio.gather(*(cache.catch_up(self.timeout_s) for cache in caches))
+        except (TimeoutError, LorafleetError) as exc:
+            log.warning("reloading the holders seen without catching up with etcd",
+                        adapter=spec.name, error=str(exc) or type(exc).__name__)  # fmt: skip
         served = self._registry.get(spec.name)
         holders = served.instances if served is not None else []
         load = LoadLoraRequest(lora_name=spec.name, source=spec.source, replace=True)
