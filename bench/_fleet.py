@@ -50,7 +50,7 @@ class _NoDownload:
     def supported_schemes(self) -> frozenset[str]:
         return frozenset({"file"})
 
-    async def acquire(self, uri: str) -> Path:
+    async def acquire(self, uri: str, *, refresh: bool = False) -> Path:
         return self._folder
 
     def release(self, uri: str) -> None:

@@ -25,10 +25,11 @@ from lorafleet.proto.adapters import (
     AdapterState,
     AdapterStatus,
     LoraSource,
+    expected_digest,
     replica_bounds,
 )
 from lorafleet.proto.fleet_load import EvictedAdapter
-from lorafleet.proto.uris import public_uri
+from lorafleet.proto.uris import public_uri, redact_uri
 
 __all__ = ["AdapterStates", "StateOf"]
 
@@ -92,13 +93,16 @@ class AdapterStates:
 
     def state_of(self, spec: AdapterSpec) -> StateOf:
         """``placed`` (a live card), ``loading`` (an instance or this frontend loads it),
-        ``failed`` (its last load failed), else ``pending`` or ``cold`` (``min_replicas`` 0)."""
+        ``failed`` (its last load failed; also while the cards are of another source or
+        digest, which keeps serving), else ``pending`` or ``cold`` (``min_replicas`` 0)."""
         served = self._registry.get(spec.name)
         holders = served.instances if served is not None and served.parent is not None else ()
         instances = [f"{instance.instance_id:x}" for instance in holders]
         loading = [f"{instance_id:x}" for instance_id in self._loads.loading(spec.name)]
-        if instances:
-            return StateOf("placed", instances, loading)
+        if instances:  # a failed swap to the desired source is failed, the old one serves
+            failure = None if self._serves_desired(spec) else self._failures.last(spec.name)
+            error = failure.describe() if failure is not None else None
+            return StateOf("placed" if error is None else "failed", instances, loading, error)
         if loading or self._loader.is_loading(spec.name):
             return StateOf("loading", instances, loading)
         failure = self._failures.last(spec.name)
@@ -120,6 +124,16 @@ class AdapterStates:
             state=now.state,
             loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
             error=now.error, digest=self._digest(spec.name),
+        )  # fmt: skip
+
+    def _serves_desired(self, spec: AdapterSpec) -> bool:
+        """Whether a live instance serves ``spec``'s source (and its ``sha256``, if given)."""
+        served = self._registry.get(spec.name)
+        uri, digest = redact_uri(spec.source.uri), expected_digest(spec.source)
+        return served is not None and any(
+            (card := self._registry.card_on(spec.name, i.instance_id)) is not None
+            and card.source == uri and digest in (None, card.digest)
+            for i in served.instances
         )  # fmt: skip
 
     def _card_warnings(self, name: str) -> list[str]:

@@ -8,7 +8,9 @@ to a new source waits until a live instance has the new version's card (the
 workers swap), or until every instance that loads adapters has failed to load
 it since (their load records say so). A failure puts the desired state back as
 it was (a new adapter is deleted, a reload gets its old source back), so bad
-input changes nothing. Past ``timeout_s`` the caller answers 202: still loading.
+input changes nothing. Past ``timeout_s`` the caller answers 202: still loading. A reload
+from the source already declared (``load_inplace`` of the same URI) asks every holder to
+load it again with ``replace``: an S3 object changed under the same key is fetched anew.
 
 An unload removes a declared adapter from the desired state, and an
 unmanaged one (loaded straight onto workers) from every instance that holds
@@ -34,12 +36,17 @@ from lorafleet.frontend.errors import (
 )
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.load_failures import Failure
-from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.on_demand import LOAD_UPDATE, OnDemandLoader
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.worker_updates import send_update
 from lorafleet.process.auth import bearer_header
-from lorafleet.proto.adapters import AdapterLoadError, AdapterSpec, UnloadLoraRequest
+from lorafleet.proto.adapters import (
+    AdapterLoadError,
+    AdapterSpec,
+    LoadLoraRequest,
+    UnloadLoraRequest,
+)
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import ErrorInfo, LorafleetError, NotFoundError, error_from_info
 from lorafleet.proto.inference import UpdateRequest
@@ -90,16 +97,17 @@ class LoraWrites:
         self._settings = settings
         self._headers = bearer_header(worker_token)
 
-    async def load(self, spec: AdapterSpec) -> LoadOutcome:
+    async def load(self, spec: AdapterSpec, *, reload: bool = False) -> LoadOutcome:
         """Declare ``spec`` and wait for its outcome; raises the failure that stopped it
-        (after putting the desired state back)."""
+        (after putting the desired state back). With ``reload`` (vLLM's ``load_inplace``) a
+        source already declared and served is loaded again by every holder."""
         previous = self._desired.get(spec.name)
         attempts = _Attempts(
             {i: (f.at, f.attempts) for i, f in self._loads.failures(spec.name).items()}
         )
         changed = await self._desired.apply(spec)
         if not changed and self._has_card(spec):
-            return "unchanged"
+            return await self._reload_holders(spec) if reload else "unchanged"
         try:
             if self._registry.get(spec.name) is None:
                 await self._loader.load(spec, retry_failed=True)
@@ -134,6 +142,29 @@ class LoraWrites:
         ended = await self._wait(outcome)
         return ended.describe() if isinstance(ended, Failure) else None
 
+    async def _reload_holders(self, spec: AdapterSpec) -> LoadOutcome:
+        """Have every instance holding ``spec`` load its source again (``replace``: a swap
+        when the files changed, "nothing changed" when not); raises the first error, once
+        all have answered (the others swapped or kept their version). The holders are
+        etcd's now, not a moment ago: a copy published just before must not be missed."""
+        caches = (self._registry.instance_cache, self._registry.card_cache)
+        try:
+            await asyncio.gather(*(cache.catch_up(self.timeout_s) for cache in caches))
+        except (TimeoutError, LorafleetError) as exc:
+            log.warning("reloading the holders seen without catching up with etcd",
+                        adapter=spec.name, error=str(exc) or type(exc).__name__)  # fmt: skip
+        served = self._registry.get(spec.name)
+        holders = served.instances if served is not None else []
+        load = LoadLoraRequest(lora_name=spec.name, source=spec.source, replace=True)
+        update = UpdateRequest.of(LOAD_UPDATE, load)
+        answers = await asyncio.gather(*(self._update_on(i, update) for i in holders))
+        errors = [error for error in answers if error is not None]
+        log.info("adapter reloaded in place", adapter=spec.name, failed=len(errors),
+                 instances=[f"{i.instance_id:x}" for i in holders])  # fmt: skip
+        if errors:
+            raise errors[0]
+        return "loaded"
+
     async def unload(self, name: str) -> bool:
         """Remove ``name`` from the desired state when declared, then from every instance
         that holds it, and answer once their cards are gone; False when the fleet neither
@@ -149,7 +180,8 @@ class LoraWrites:
         if served is None or served.parent is None:
             return declared
         holders = served.instances
-        answers = await asyncio.gather(*(self._unload_on(instance, name) for instance in holders))
+        update = UpdateRequest.of(UNLOAD_UPDATE, UnloadLoraRequest(lora_name=name))
+        answers = await asyncio.gather(*(self._update_on(instance, update) for instance in holders))
         errors = [error for error in answers if error is not None]
         if errors:
             raise errors[0]
@@ -228,9 +260,9 @@ class LoraWrites:
         log.info("vllm load failed; desired state restored", adapter=name,
                  restored=previous is not None)  # fmt: skip
 
-    async def _unload_on(self, instance: Instance, name: str) -> LorafleetError | None:
-        """Unload ``name`` from one instance; None when done or already gone there."""
-        update = UpdateRequest.of(UNLOAD_UPDATE, UnloadLoraRequest(lora_name=name))
+    async def _update_on(self, instance: Instance, update: UpdateRequest) -> LorafleetError | None:
+        """Send ``update`` (a load or unload) to one instance; None when done there, or the
+        adapter is gone there (unloaded, or the instance with it)."""
         try:
             answer = await send_update(
                 self._plane, instance, update, headers=self._headers, settings=self._settings

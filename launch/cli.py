@@ -155,8 +155,9 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
     )
     lora.add_argument("--pinned", action="store_true", help="apply: never evict placed copies")
     lora.add_argument("--sha256", type=_sha256,
-                      help="apply: the adapter's expected content digest (sha256:<hex> or "
-                           "hex, as /v1/adapters shows it); other files are refused")  # fmt: skip
+                      help="apply, load: the adapter's expected content digest "
+                           "(sha256:<hex> or hex, as /v1/adapters shows it); other files "
+                           "are refused")  # fmt: skip
     lora.add_argument("--wait-s", type=float, default=DEFAULT_APPLY_WAIT_S,
                       help="apply: how long to wait for the adapter to leave pending/loading "
                            "(0: do not wait)")  # fmt: skip
@@ -315,6 +316,10 @@ def _lora(args: argparse.Namespace) -> int:
         return 2
     needs = {"apply": ("name", "uri", "base_model"), "delete": ("name",),
              "load": ("name", "uri"), "unload": ("name",)}.get(args.action, ())  # fmt: skip
+    if args.sha256 and args.action not in ("apply", "load"):
+        print(f"lorafleet lora {args.action} takes no --sha256 (apply and load do)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     missing = [_SPELLING[field] for field in needs if not getattr(args, field)]
     if missing:
         print(f"lorafleet lora {args.action} needs {', '.join(missing)} "
@@ -332,7 +337,7 @@ def _lora(args: argparse.Namespace) -> int:
         return delete_adapter(args.frontend, args.name)
     workers = args.worker or discover(args.etcd, args.namespace)
     code = lora_command(args.action, name=args.name, uri=args.uri, workers=workers,
-                        as_json=args.json)  # fmt: skip
+                        as_json=args.json, sha256=args.sha256)  # fmt: skip
     if args.action == "list" and not args.worker:
         print_fleet(args.frontend, as_json=args.json)
     return code

@@ -342,7 +342,8 @@ class LoraController:
         new = AdapterVersion(name=record.name, uri=uri, expected=expected_digest(request.source))
         record.versions.append(new)
         try:
-            await step("fetch", old, self._steps.fetch(new))
+            refresh = request.replace or old is not None  # a reload: S3 may hold new objects
+            await step("fetch", old, self._steps.fetch(new, refresh=refresh))
             if old is not None and new.digest == old.digest:
                 return await self._same_weights(record, old, new), old.warnings
             await step("slot", old, self._take_slot(new, request.evict_placed))
@@ -355,10 +356,8 @@ class LoraController:
         record.evicted_at, record.evicted_reason = 0.0, ""
         if old is None:
             log.info("adapter loaded", adapter=record.name, uri=redact_uri(uri), digest=new.digest)
-            return (
-                f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})",
-                new.warnings,
-            )
+            message = f"adapter {record.name!r} loaded from {redact_uri(uri)} ({new.digest})"
+            return message, new.warnings
         await self._steps.retire(record, old)
         log.info("adapter swapped", adapter=record.name, old=old.digest, new=new.digest)
         return f"adapter {record.name!r} swapped from {old.digest} to {new.digest}", new.warnings

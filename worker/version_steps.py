@@ -43,8 +43,9 @@ class AdapterSource(Protocol):
         """URI schemes that can be loaded."""
         ...
 
-    async def acquire(self, uri: str) -> Path:
-        """Download (or find cached) and mark in use by a loaded adapter."""
+    async def acquire(self, uri: str, *, refresh: bool = False) -> Path:
+        """Download (or find cached) and mark in use by a loaded adapter; with ``refresh``
+        (a reload), a cached copy the source has changed since is fetched again."""
         ...
 
     def release(self, uri: str) -> None:
@@ -83,10 +84,11 @@ class VersionSteps:
         """A request ended (a draining version may now be idle)."""
         self._finished.set()
 
-    async def fetch(self, version: AdapterVersion) -> None:
-        """Resolve the source to a directory, digest its files (once per load), and refuse
-        them unless they have the expected digest and suit the base model."""
-        path = await self.source.acquire(version.uri)
+    async def fetch(self, version: AdapterVersion, *, refresh: bool = False) -> None:
+        """Resolve the source to a directory (``refresh``: as the source holds it now, not as
+        cached), digest its files (once per load), and refuse them unless they have the
+        expected digest and suit the base model."""
+        path = await self.source.acquire(version.uri, refresh=refresh)
         try:
             version.digest = await asyncio.to_thread(content_digest, path)
             mismatched = version.expected not in (None, version.digest)
@@ -201,12 +203,13 @@ def _mismatch(version: AdapterVersion, *, deleted: bool) -> ConflictError:
 
 async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> None:
     """Run one step of a load; in a swap (``old`` serves) a failure names the step and the
-    version that keeps serving. A first load's errors read as they always did."""
+    version that keeps serving, before the cause (a shortened message keeps them). A first
+    load's errors read as they always did."""
     try:
         await work
     except LorafleetError as exc:
         if old is not None:
-            exc.message = f"swap {name} step failed: {exc.message}; {old.digest} keeps serving"
+            exc.message = f"swap {name} step failed; {old.digest} keeps serving: {exc.message}"
             exc.args = (exc.message,)
             exc.fields.setdefault("step", name)
         raise

@@ -148,7 +148,7 @@ class VllmLoraController(Controller):
                 spec = AdapterSpec(name=name, base_model=base, source=source, replicas="all")
             validate_adapter_spec(spec)
             check_source(name, source.uri, max_rank=_max_rank(spec.base_model, registry))
-            outcome = await services.writes.load(spec)
+            outcome = await services.writes.load(spec, reload=data.load_inplace)
         except LorafleetError as exc:
             return _error(vllm_error_for_code(exc.code, exc.message))
         if outcome == "loading":

@@ -103,3 +103,26 @@ async def test_an_adapter_for_another_base_model_shows_its_warning_in_v1_adapter
 
     (warning,) = placed["warnings"]
     assert "trained for base model 'meta-llama/Llama-3-8B'" in warning and "'demo'" in warning
+
+
+async def test_a_swap_refused_for_its_sha256_shows_failed_while_the_old_version_serves(
+    lora_workers, frontend, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(lora_workers, 1)
+    await wait_for_models(frontend, {"demo"})
+    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'pirate')}"
+    right, wrong = adapter_digest(), "sha256:" + "f" * 64
+    assert (await _apply(frontend.http, uri, right)).status_code == 201
+    placed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")
+
+    assert (await _apply(frontend.http, uri, wrong)).status_code == 201  # a swap, refused
+    failed = await _status_when(frontend.http, "pirate", lambda s: s["state"] == "failed")
+
+    assert failed["error"]["code"] == "conflict" and wrong in failed["error"]["message"]
+    assert "keeps serving" in failed["error"]["message"]
+    assert (failed["digest"], failed["instances"]) == (right, placed["instances"])
+    chat = {"model": "pirate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    answer = await frontend.http.post("/v1/chat/completions", json=chat, timeout=WAIT_S)
+    assert answer.status_code == 200, answer.text
+    assert (await _apply(frontend.http, uri, right)).status_code == 201  # back as it serves
+    await _status_when(frontend.http, "pirate", lambda s: s["state"] == "placed")

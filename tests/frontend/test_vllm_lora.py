@@ -284,7 +284,7 @@ async def test_a_fleet_wide_reload_declares_the_new_source_and_never_claims_the_
         assert first.status_code == 200, first.text
         same = {**body, "load_inplace": True}
         again = await frontend.http.post("/v1/load_lora_adapter", json=same, headers=AUTH)
-        assert again.status_code == 200, again.text  # already so: nothing to wait for
+        assert again.status_code == 200, again.text  # each holder: "nothing changed"
 
         reload = {"lora_name": "fx", "lora_path": new, "load_inplace": True}
         answer = await frontend.http.post(

@@ -3,11 +3,13 @@ the adapter's files, and the base model it was trained for (``DYN_LORA_BASE_MODE
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
 
+from lorafleet.launch.cli import main as lorafleet
 from tests.processes import ServiceProcess
 from tests.worker.adapters import adapter_digest, make_adapter_dir
 from tests.worker.test_adapter_swaps import ClientLoop, _subject
@@ -143,3 +145,20 @@ async def test_the_base_model_check_can_be_turned_off(lora_worker, tmp_path: Pat
     response = await _load(worker, "llama-tuned", other)
     assert response.status_code == 200, response.text
     assert response.json()["warnings"] == []
+
+
+async def test_lorafleet_lora_load_passes_sha256_and_a_mismatch_exits_1_naming_both(
+    lora_worker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worker = lora_worker()
+    path = make_adapter_dir(tmp_path / "ad", "pirate", weights=V1)
+    right, wrong = adapter_digest(weights=V1), adapter_digest(weights=V2)
+    argv = ["lora", "load", "pirate", f"file://{path}", "--worker", worker.url, "--json"]
+
+    assert await asyncio.to_thread(lorafleet, [*argv, "--sha256", wrong]) == 1
+    refused = capsys.readouterr().out
+    assert right in refused and wrong in refused
+    assert await _digests(worker) == {}
+    assert await asyncio.to_thread(lorafleet, [*argv, "--sha256", right]) == 0
+    assert await _digests(worker) == {"pirate": right}
+    assert lorafleet(["lora", "unload", "pirate", "--sha256", right]) == 2  # not ignored

@@ -3,6 +3,7 @@
 Layout::
 
     {root}/{scheme}_{hash32}/           one validated adapter per URI, renamed in whole
+    {root}/{scheme}_{hash32}/.lorafleet-version   the source's version of it (S3: ETags)
     {root}/.tmp/{key}@{owner}@{rand}/   a download in progress, private to one process
     {root}/.in-use/{key}@{owner}        a loaded adapter uses this entry: never evicted
     {root}/.trash/                      entries on their way out
@@ -33,6 +34,7 @@ __all__ = ["AdapterCache"]
 TMP_DIR_NAME: Final = ".tmp"
 IN_USE_DIR_NAME: Final = ".in-use"
 TRASH_DIR_NAME: Final = ".trash"
+VERSION_FILE_NAME: Final = ".lorafleet-version"
 FOREIGN_STALE_AGE_S: Final = 24 * 3600.0
 COMMIT_ATTEMPTS: Final = 3
 
@@ -69,16 +71,23 @@ class AdapterCache:
         """Delete a download directory (nothing happens if it was committed already)."""
         shutil.rmtree(path, ignore_errors=True)
 
-    def commit(self, key: str, built: Path) -> Path:
-        """Rename the validated ``built`` directory into place as the entry of ``key``.
+    def commit(
+        self, key: str, built: Path, *, version: str | None = None, replace: bool = False
+    ) -> Path:
+        """Rename the validated ``built`` directory into place as the entry of ``key``,
+        recording the source's ``version`` of it.
 
-        An invalid or partial entry is replaced; a valid one that another process
-        committed meanwhile wins, and ``built`` is left for the caller to discard.
+        An invalid or partial entry is replaced, and with ``replace`` (the source holds a
+        newer version) a valid one too; otherwise a valid one that another process committed
+        meanwhile wins, and ``built`` is left for the caller to discard.
         """
         entry = self.root / key
+        if version is not None:
+            (built / VERSION_FILE_NAME).write_text(version)
         for _ in range(COMMIT_ATTEMPTS):
-            if self.lookup(key) is not None:
+            if not replace and self.lookup(key) is not None:
                 return entry
+            replace = False  # once: an entry committed meanwhile is as new as this one
             if entry.exists() or entry.is_symlink():
                 self._remove(entry)
             try:
@@ -90,6 +99,14 @@ class AdapterCache:
             _touch(entry)
             return entry
         raise OSError(errno.EEXIST, f"cache entry {key} kept changing under this process")
+
+    def version_of(self, key: str) -> str | None:
+        """The source's version recorded with the entry of ``key``; None when none was, or
+        it cannot be read (the entry is then fetched again)."""
+        try:
+            return (self.root / key / VERSION_FILE_NAME).read_text()
+        except OSError:
+            return None
 
     def remove(self, key: str) -> bool:
         """Delete the entry of ``key`` if there is one (its files had the wrong digest)."""

@@ -40,7 +40,7 @@ from lorafleet.worker.lora.errors import (
 from lorafleet.worker.lora.file_source import FileSource
 from lorafleet.worker.lora.hf_source import HfSource
 from lorafleet.worker.lora.s3_source import S3ClientFactory, S3Source, default_s3_client
-from lorafleet.worker.lora.source import InPlaceSource, LoRASource
+from lorafleet.worker.lora.source import InPlaceSource, LoRASource, VersionedSource
 from lorafleet.worker.lora.uri import cache_key, uri_scheme
 
 __all__ = ["DownloadResult", "LoRAManager"]
@@ -140,17 +140,21 @@ class LoRAManager:
         except OSError:
             return False
 
-    async def download(self, uri: str) -> Path:
+    async def download(self, uri: str, *, refresh: bool = False) -> Path:
         """Return the local adapter directory of ``uri``, fetching it once if not cached.
 
-        Concurrent calls for one URI share a single download; a caller that is
-        cancelled does not cancel it for the others.
+        With ``refresh`` (an explicit reload: a swap), a cached copy from a source that can
+        tell its version (S3's ETags) is used only while the source still holds that
+        version; otherwise it is fetched again and replaces the copy. Concurrent calls for
+        one URI share a single download; a caller that is cancelled does not cancel it for
+        the others.
         """
         self._sources_for(uri)
         key = cache_key(uri)
         task = self._inflight.get(key)
         if task is None:
-            task = asyncio.create_task(self._resolve(uri, key), name=f"lora-download-{key}")
+            resolve = self._resolve(uri, key, refresh=refresh)
+            task = asyncio.create_task(resolve, name=f"lora-download-{key}")
             self._inflight[key] = task
             task.add_done_callback(functools.partial(self._forget, key))
         return await asyncio.shield(task)
@@ -167,14 +171,15 @@ class LoRAManager:
             return error_body(exc.to_info())
         return {"status": "success", "local_path": str(path)}
 
-    async def acquire(self, uri: str) -> Path:
-        """Download ``uri`` and mark its cache entry in use until :meth:`release`."""
+    async def acquire(self, uri: str, *, refresh: bool = False) -> Path:
+        """Download ``uri`` (see :meth:`download` for ``refresh``) and mark its cache entry
+        in use until :meth:`release`."""
         key = cache_key(uri)
         self._users[key] += 1
         try:
             if self._users[key] == 1:
                 await self._mark_in_use(uri, key)
-            return await self.download(uri)
+            return await self.download(uri, refresh=refresh)
         except BaseException:
             self.release(uri)
             raise
@@ -246,12 +251,13 @@ class LoRAManager:
         if not task.cancelled():
             task.exception()  # retrieved here so that an unawaited failure is not reported twice
 
-    async def _resolve(self, uri: str, key: str) -> Path:
+    async def _resolve(self, uri: str, key: str, *, refresh: bool) -> Path:
         try:
             hit = await asyncio.to_thread(self._cache.lookup, key)
         except OSError as exc:
             raise self._disk_error(uri, exc) from exc
-        if hit is not None:
+        stale = hit is not None and refresh and not await self._current(uri, key)
+        if hit is not None and not stale:
             log.debug("lora.cache_hit", uri=redact_uri(uri), key=key)
             metrics.ADAPTER_CACHE_LOOKUPS.labels("hit").inc()
             return hit
@@ -262,7 +268,7 @@ class LoRAManager:
         failures: list[tuple[str, LoraSourceError]] = []
         for source in ordered:
             try:
-                return await self._fetch(source, uri, key)
+                return await self._fetch(source, uri, key, replace=stale)
             except LoraSourceError as exc:
                 log.warning(
                     "lora.source_failed",
@@ -274,14 +280,27 @@ class LoRAManager:
                 failures.append((_name(source), exc))
         raise combine_failures(uri, failures)
 
-    async def _fetch(self, source: LoRASource, uri: str, key: str) -> Path:
+    async def _current(self, uri: str, key: str) -> bool:
+        """Whether the cached copy of ``uri`` is the version its source holds now (True
+        when no source of its scheme can tell); a source that cannot be asked fails the
+        reload, as a download would."""
+        versioned = [s for s in self._sources_for(uri) if isinstance(s, VersionedSource)]
+        if not versioned:
+            return True
+        recorded = await asyncio.to_thread(self._cache.version_of, key)
+        current = await versioned[0].version_tag(uri)
+        if recorded != current:
+            log.info("lora.cache_stale", uri=redact_uri(uri), key=key)
+        return recorded == current
+
+    async def _fetch(self, source: LoRASource, uri: str, key: str, *, replace: bool) -> Path:
         """Resolve ``uri`` through one source; local disk failures become our errors too."""
         try:
             if isinstance(source, InPlaceSource):
                 path = await asyncio.to_thread(source.local_path, uri)
                 await asyncio.to_thread(self._check_files, uri, path)
                 return path
-            return await self._fetch_into_cache(source, uri, key)
+            return await self._fetch_into_cache(source, uri, key, replace=replace)
         except OSError as exc:
             raise self._disk_error(uri, exc) from exc
 
@@ -292,11 +311,16 @@ class LoRAManager:
             hint=f"check permissions and free space of the path and of {self.config.cache_dir}",
         )
 
-    async def _fetch_into_cache(self, source: LoRASource, uri: str, key: str) -> Path:
-        """Download into a private directory, validate, rename into the cache, apply the cap."""
+    async def _fetch_into_cache(
+        self, source: LoRASource, uri: str, key: str, *, replace: bool
+    ) -> Path:
+        """Download into a private directory, validate, rename into the cache (replacing a
+        stale copy), apply the cap. The source's version is asked before the download: an
+        object changed meanwhile is fetched again at the next reload, never missed."""
         started = time.monotonic()
         dest = await asyncio.to_thread(self._cache.new_download_dir, key)
         try:
+            version = await source.version_tag(uri) if isinstance(source, VersionedSource) else None
             built = await self._call_source(source, uri, dest)
             if built.is_relative_to(dest):
                 await asyncio.to_thread(check_plain_tree, built, uri=uri)
@@ -306,7 +330,8 @@ class LoRAManager:
             await asyncio.to_thread(self._check_files, uri, built)
             if not built.is_relative_to(dest):
                 return built
-            entry = await asyncio.to_thread(self._cache.commit, key, built)
+            commit = functools.partial(self._cache.commit, version=version, replace=replace)
+            entry = await asyncio.to_thread(commit, key, built)
             metrics.ADAPTER_CACHE_BYTES.inc(await asyncio.to_thread(adapter_bytes, entry))
             keep = {key, *self._users, *self._inflight}
             await asyncio.to_thread(self._cache.evict, keep=keep)

@@ -11,11 +11,12 @@ the S3 error code does.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from lorafleet.fleet.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lorafleet.proto.uris import split_uri
@@ -114,6 +115,11 @@ class S3Source:
         """Fetch every object under the prefix into ``dest`` and return ``dest``."""
         return await asyncio.to_thread(self._guarded, self._download_blocking, uri, dest)
 
+    async def version_tag(self, uri: str) -> str:
+        """A hash of the objects' keys, ETags and sizes under the prefix (one listing), or of
+        the archive's ETag and size (one HEAD): another upload of other bytes changes it."""
+        return await asyncio.to_thread(self._guarded, self._version_tag_blocking, uri)
+
     async def exists(self, uri: str) -> bool:
         """Return whether at least one object lies under the prefix."""
         return await asyncio.to_thread(self._guarded, self._exists_blocking, uri)
@@ -160,6 +166,17 @@ class S3Source:
             raise error from exc
         return int(found.get("KeyCount", 0)) > 0
 
+    def _version_tag_blocking(self, uri: str) -> str:
+        bucket, prefix = parse_s3_uri(uri)
+        client = self._client_or_new(uri)
+        if is_archive_name(prefix):
+            head = client.head_object(Bucket=bucket, Key=prefix)
+            listed = [_Object(prefix, int(head["ContentLength"]), str(head.get("ETag", "")))]
+        else:
+            listed = _list_objects(client, bucket, _folder(prefix), uri)
+        lines = sorted(f"{item.key}\0{item.etag}\0{item.size}" for item in listed)
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
     def _download_blocking(self, uri: str, dest: Path) -> Path:
         bucket, prefix = parse_s3_uri(uri)
         client = self._client_or_new(uri)
@@ -167,12 +184,11 @@ class S3Source:
         if is_archive_name(prefix):
             budget.check(int(client.head_object(Bucket=bucket, Key=prefix)["ContentLength"]))
             return _fetch_archive(client, bucket, prefix, dest, uri, budget)
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
+        prefix = _folder(prefix)
         listed = {
-            key: size
-            for key, size in _list_keys(client, bucket, prefix, uri)
-            if not key.endswith("/")
+            item.key: item.size
+            for item in _list_objects(client, bucket, prefix, uri)
+            if not item.key.endswith("/")
         }
         budget.check(sum(listed.values()))
         for key, target in self._plan(listed, prefix, dest, uri):
@@ -229,11 +245,27 @@ class _ByteBudget:
         self.check(self._received)
 
 
-def _list_keys(client: Any, bucket: str, prefix: str, uri: str) -> list[tuple[str, int]]:
-    """Every ``(key, size)`` under ``prefix``, refusing more objects than an adapter has."""
-    keys: list[tuple[str, int]] = []
+class _Object(NamedTuple):
+    """One object as a listing (or a HEAD) shows it."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def _folder(prefix: str) -> str:
+    """The prefix as a folder (``a/b`` lists ``a/b/...``, not ``a/bc``)."""
+    return prefix + "/" if prefix and not prefix.endswith("/") else prefix
+
+
+def _list_objects(client: Any, bucket: str, prefix: str, uri: str) -> list[_Object]:
+    """Every object under ``prefix``, refusing more objects than an adapter has."""
+    keys: list[_Object] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys.extend((item["Key"], int(item.get("Size", 0))) for item in page.get("Contents", ()))
+        keys.extend(
+            _Object(item["Key"], int(item.get("Size", 0)), str(item.get("ETag", "")))
+            for item in page.get("Contents", ())
+        )
         if len(keys) > S3_MAX_OBJECTS:
             raise LoraInvalidAdapterError(
                 uri,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["InPlaceSource", "LoRASource"]
+__all__ = ["InPlaceSource", "LoRASource", "VersionedSource"]
 
 
 @runtime_checkable
@@ -43,4 +43,15 @@ class InPlaceSource(LoRASource, Protocol):
 
     def local_path(self, uri: str) -> Path:
         """Return the validated local directory of ``uri`` or raise a ``LoraSourceError``."""
+        ...
+
+
+@runtime_checkable
+class VersionedSource(LoRASource, Protocol):
+    """A remote source that can tell, without downloading, which version of an adapter it
+    holds now (S3: the objects' ETags). The manager records it with the cached copy, and an
+    explicit reload (a swap) fetches again when the source's version is another."""
+
+    async def version_tag(self, uri: str) -> str:
+        """A short text that changes whenever the adapter's files at ``uri`` change."""
         ...
