@@ -1,0 +1,83 @@
+"""Latency targets with real workers and a real frontend: an adapter that misses its TTFT
+target while demand alone keeps one copy gets a second one, and ``/v1/adapters`` says why.
+
+The workers run the mocker engine (no GPU here) at 0.1 s per token, so every first token
+comes after at least 100 ms: a 20 ms target is missed by every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.processes import ServiceProcess, start_frontend
+from tests.worker.adapters import make_adapter_dir
+from tests.worker.fleet import assert_invariant_everywhere, wait_for_holders
+
+SLOW_FIRST_TOKEN = ("--mocker-time-per-token-s", "0.1")
+DEMAND_KEEPS_ONE = ("--lora-copy-rps", "100")
+"""Demand adds a copy only past 70 req/s: the test's few requests per second keep one."""
+
+
+@pytest.fixture
+async def frontend(tmp_path: Path, etcd_url, nats_url, namespace) -> AsyncIterator[ServiceProcess]:
+    judged_fast = ("--slo-window-s", "1", "--slo-min-requests", "3")
+    service = await asyncio.to_thread(
+        start_frontend, tmp_path, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
+        args=judged_fast,
+    )  # fmt: skip
+    yield service
+    service.kill()
+
+
+@contextlib.asynccontextmanager
+async def _traffic(url: str, model: str) -> AsyncIterator[None]:
+    """Requests for ``model`` one after the other while the block runs."""
+
+    async def loop() -> None:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0) as client:
+            while True:
+                await client.completions.create(model=model, prompt="ahoy", max_tokens=2)
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_missed_ttft_target_adds_a_copy_and_the_adapter_says_why(
+    worker_factory, frontend, etcd, namespace, tmp_path: Path
+) -> None:
+    env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+    args = ("--enable-lora", "--max-loras", "4", *SLOW_FIRST_TOKEN, *DEMAND_KEEPS_ONE)
+    workers = [await asyncio.to_thread(worker_factory, *args, env=env) for _ in range(2)]
+    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'hot')}"
+    spec = {"name": "hot", "base_model": "demo", "source": {"uri": uri},
+            "min_replicas": 1, "max_replicas": 2, "slo": {"ttft_p95_ms": 20}}  # fmt: skip
+    async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+        assert (await http.post("/v1/adapters", json=spec)).status_code == 201
+        copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+        await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)
+
+        async with _traffic(frontend.url, "hot"):
+            await wait_for_holders(etcd, namespace, copies(2), timeout_s=60)
+            shown = (await http.get("/v1/adapters/hot")).json()
+        await assert_invariant_everywhere(workers, etcd, namespace)
+
+        attainment = shown["attainment"]
+        assert attainment["copies"] == 2
+        assert re.fullmatch(r"ttft p95 \d+ ms > target 20 ms", attainment["reason"]), attainment
+        assert len(shown["instances"]) == 2
+        assert shown["demand"] < 70  # demand alone would have kept one copy
+        metrics = (await http.get("/metrics")).text
+        assert 'lorafleet_frontend_adapter_slo_attainment{adapter="hot"} 0.0' in metrics
