@@ -1,8 +1,9 @@
 """Fleet placement inside one worker: load what the fleet-wide plan gives it, unload the rest.
 
 Each worker watches the desired state (``v1/adapters/{ns}/``), the cards of its
-peers (``v1/mdc/{ns}/``) and their load records (``v1/load/{ns}/``), computes the
-same plan as every other worker (``fleet.placement.plan_copies``: copies from
+peers (``v1/mdc/{ns}/``), their load records (``v1/load/{ns}/``) and the copies that
+adapters' missed latency targets added (``v1/slo/{ns}/copies/``, ``fleet.slo``), computes
+the same plan as every other worker (``fleet.placement.plan_copies``: copies from
 fleet demand, rendezvous order with loads bounded by count and by demand, held copies
 stay) and
 converges by itself; there is no coordinator. Loads and unloads go through the
