@@ -64,11 +64,13 @@ async def _client(http: httpx.AsyncClient, url: str, run: Run, stop: asyncio.Eve
 
 async def _monitor(http: httpx.AsyncClient, url: str, run: Run, stop: asyncio.Event) -> None:
     """Follow ``/v1/adapters/hot``: each judged window, and when the second copy is live."""
+    last: dict[str, Any] = {}
     while not stop.is_set():
         status = (await http.get(f"{url}/v1/adapters/{ADAPTER}")).json()
         shown = status.get("attainment") or {}
-        if shown.get("requests") and (not run.windows or run.windows[-1] != shown):
+        if shown.get("requests") and shown != last:
             run.windows.append({"at_s": round(time.monotonic(), 2), **shown})
+            last = shown
         if run.added_at is None and len(status["instances"]) >= 2:
             run.added_at, run.reason = time.monotonic(), shown.get("reason", "")
         await asyncio.sleep(POLL_S)
