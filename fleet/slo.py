@@ -77,9 +77,14 @@ def attainment_of(
     return SloAttainment(
         window_s=window_s, requests=counts.requests,
         attainment=round(counts.met / counts.requests, ATTAINMENT_DIGITS),
-        ttft_p95_ms=p95_ms(counts.ttft_buckets), itl_p95_ms=p95_ms(counts.itl_buckets),
+        ttft_p95_ms=_shown(p95_ms(counts.ttft_buckets)),
+        itl_p95_ms=_shown(p95_ms(counts.itl_buckets)),
         copies=added, reason=reason,
     )  # fmt: skip
+
+
+def _shown(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def miss_reason(counts: SloCounts, targets: SloTargets) -> str:
