@@ -105,6 +105,19 @@ async def test_a_bad_latency_target_changes_nothing(admin_frontend, demo, etcd, 
     assert (shown["replicas"], shown["slo"], shown["attainment"]) == (0, None, None)
 
 
+async def test_targets_without_room_for_a_copy_are_stored_with_a_warning(
+    admin_frontend, demo
+) -> None:
+    http = admin_frontend.http
+    fixed = await http.post("/v1/adapters", json=_spec(replicas=1, slo={"ttft_p95_ms": 300}),
+                            headers=AUTH)  # fmt: skip
+    assert fixed.status_code == 201
+    assert any("can add no copy: max_replicas is 1" in w for w in fixed.json()["warnings"])
+    room = _spec(min_replicas=1, max_replicas=2, slo={"ttft_p95_ms": 300})
+    spaced = await http.post("/v1/adapters", json=room, headers=AUTH)
+    assert not any("can add no copy" in w for w in spaced.json()["warnings"])
+
+
 async def test_writes_need_the_admin_token_reads_do_not(admin_frontend, demo) -> None:
     http = admin_frontend.http
     for headers in ({}, {"Authorization": "Bearer wrong"}):
