@@ -1,5 +1,6 @@
 """Latency targets with real workers and a real frontend: an adapter that misses its TTFT
-target while demand alone keeps one copy gets a second one, and ``/v1/adapters`` says why.
+target while demand alone keeps one copy gets a second one, ``/v1/adapters`` says why, and
+the copy goes once the traffic is gone.
 
 The workers run the mocker engine (no GPU here) at 0.1 s per token, so every first token
 comes after at least 100 ms: a 20 ms target is missed by every request.
@@ -22,8 +23,10 @@ from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import assert_invariant_everywhere, wait_for_holders
 
 SLOW_FIRST_TOKEN = ("--mocker-time-per-token-s", "0.1")
-DEMAND_KEEPS_ONE = ("--lora-copy-rps", "100")
-"""Demand adds a copy only past 70 req/s: the test's few requests per second keep one."""
+DEMAND_KEEPS_ONE = ("--lora-copy-rps", "100", "--lora-demand-half-life-s", "1",
+                    "--lora-copy-cooldown-s", "1")  # fmt: skip
+"""Demand adds a copy only past 70 req/s: the test's few requests per second keep one.
+Demand decays fast, so the extra copy goes soon after the traffic."""
 
 
 @pytest.fixture
@@ -55,7 +58,7 @@ async def _traffic(url: str, model: str) -> AsyncIterator[None]:
             await task
 
 
-async def test_a_missed_ttft_target_adds_a_copy_and_the_adapter_says_why(
+async def test_a_missed_ttft_target_adds_a_copy_that_goes_with_the_traffic(
     worker_factory, frontend, etcd, namespace, tmp_path: Path
 ) -> None:
     env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
@@ -81,3 +84,8 @@ async def test_a_missed_ttft_target_adds_a_copy_and_the_adapter_says_why(
         assert shown["demand"] < 70  # demand alone would have kept one copy
         metrics = (await http.get("/metrics")).text
         assert 'lorafleet_frontend_adapter_slo_attainment{adapter="hot"} 0.0' in metrics
+
+        # no traffic: demand decays under 0.1 req/s, the floor no longer holds, and the
+        # demand cool-down removes the extra copy
+        await wait_for_holders(etcd, namespace, copies(1), timeout_s=60)
+        await assert_invariant_everywhere(workers, etcd, namespace)
