@@ -45,7 +45,7 @@ class SloMeter:
         """Keep the targets by name: ``observe`` costs one dict look-up per request."""
         self._targets = {
             spec.name: spec.slo
-            for spec in self._desired.specs()
+            for spec in self._desired.cache.items.values()
             if spec.slo is not None and (spec.slo.ttft_p95_ms or spec.slo.itl_p95_ms)
         }
 
