@@ -179,6 +179,11 @@ class FrontendMetrics:
         """Set ``adapter``'s attainment of its latency targets (the fleet's last window)."""
         self._child(self.slo_attainment_share, adapter).set(share)
 
+    def slo_forget(self, adapter: str) -> None:
+        """Drop ``adapter``'s attainment series: its targets were removed, or it was deleted."""
+        if self._children.pop((id(self.slo_attainment_share), adapter), None) is not None:
+            self.slo_attainment_share.remove(adapter)
+
     def render(self) -> bytes:
         """The text exposition format of every metric."""
         return generate_latest(self.registry)

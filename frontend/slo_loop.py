@@ -77,6 +77,8 @@ class SloLoop:
         self._judged = self._published
         self._last: dict[str, SloCounts] = {}
         """The fleet's counts of the last judged window, by adapter."""
+        self._gauged: set[str] = set()
+        """Adapters that may have an attainment series."""
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -159,6 +161,9 @@ class SloLoop:
             )  # fmt: skip
             if step is not None:
                 await self._swap(name, current, step)
+        for gone in self._gauged - targets.keys():
+            self._metrics.slo_forget(gone)
+        self._gauged = set(targets)
         for stale in [c for c in self._copies.items.values() if c.name not in targets]:
             await self._swap(stale.name, stale, None)  # targets removed, or adapter deleted
 

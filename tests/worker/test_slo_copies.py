@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from lorafleet.discovery.keys import slo_copies_prefix
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import assert_invariant_everywhere, wait_for_holders
@@ -89,3 +90,20 @@ async def test_a_missed_ttft_target_adds_a_copy_that_goes_with_the_traffic(
         # demand cool-down removes the extra copy
         await wait_for_holders(etcd, namespace, copies(1), timeout_s=60)
         await assert_invariant_everywhere(workers, etcd, namespace)
+
+        # deleted: the next judged window drops its copies record and its series
+        assert (await http.delete("/v1/adapters/hot")).status_code == 200
+        await _until_forgotten(http, etcd, namespace)
+
+
+async def _until_forgotten(http: httpx.AsyncClient, etcd, namespace: str) -> None:
+    """Poll until no SLO copies record and no attainment series are left."""
+    async with asyncio.timeout(30):
+        while True:
+            records = await etcd.get_prefix(slo_copies_prefix(namespace).encode())
+            series = (
+                "lorafleet_frontend_adapter_slo_attainment{" in (await http.get("/metrics")).text
+            )
+            if not records and not series:
+                return
+            await asyncio.sleep(0.2)
