@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from lorafleet.discovery.keys import slo_copies_prefix
+from lorafleet.launch.fleet_status import print_fleet
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import assert_invariant_everywhere, wait_for_holders
@@ -60,7 +61,7 @@ async def _traffic(url: str, model: str) -> AsyncIterator[None]:
 
 
 async def test_a_missed_ttft_target_adds_a_copy_that_goes_with_the_traffic(
-    worker_factory, frontend, etcd, namespace, tmp_path: Path
+    worker_factory, frontend, etcd, namespace, tmp_path: Path, capsys
 ) -> None:
     env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
     args = ("--enable-lora", "--max-loras", "4", *SLOW_FIRST_TOKEN, *DEMAND_KEEPS_ONE)
@@ -76,6 +77,8 @@ async def test_a_missed_ttft_target_adds_a_copy_that_goes_with_the_traffic(
         async with _traffic(frontend.url, "hot"):
             await wait_for_holders(etcd, namespace, copies(2), timeout_s=60)
             shown = (await http.get("/v1/adapters/hot")).json()
+            await asyncio.to_thread(print_fleet, frontend.url, as_json=False)  # lora list
+        assert "slo copies 2: ttft p95 " in capsys.readouterr().out
         await assert_invariant_everywhere(workers, etcd, namespace)
 
         attainment = shown["attainment"]
