@@ -56,6 +56,8 @@ class Exchange:
         self._slo = slo
         """Counts an answered request's latencies against its adapter's targets, if any."""
         self._first_token_at: float | None = None
+        self._broken = False
+        """A stream that an error ended after its 200: no latency to judge."""
 
     @property
     def elapsed_s(self) -> float:
@@ -82,6 +84,7 @@ class Exchange:
 
     def broke(self, exc: LorafleetError) -> None:
         """Count ``exc`` ending a stream that already answered 200."""
+        self._broken = True
         status, body = openai_error(exc)
         self.metrics.failed(self.label, self.shape.endpoint, body.error.code or exc.code)
         if self.alias is not None:
@@ -113,7 +116,7 @@ class Exchange:
             self.alias.ended(200)
         if final is not None:
             self.count_tokens(final)
-        if self._slo is not None and self._first_token_at is not None:
+        if self._slo is not None and self._first_token_at is not None and not self._broken:
             self._observe_latencies(self._slo, self._first_token_at)
 
     def _observe_latencies(self, slo: SloMeter, first_token_at: float) -> None:
