@@ -18,8 +18,9 @@ import httpx
 import openai
 import pytest
 
-from lorafleet.discovery.keys import slo_copies_prefix
+from lorafleet.discovery.keys import slo_copies_prefix, slo_reports_prefix
 from lorafleet.launch.fleet_status import print_fleet
+from lorafleet.proto.slo import decode_slo_copies
 from tests.processes import ServiceProcess, start_frontend
 from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import assert_invariant_everywhere, wait_for_holders
@@ -32,14 +33,43 @@ Demand decays fast, so the extra copy goes soon after the traffic."""
 
 
 @pytest.fixture
-async def frontend(tmp_path: Path, etcd_url, nats_url, namespace) -> AsyncIterator[ServiceProcess]:
-    judged_fast = ("--slo-window-s", "1", "--slo-min-requests", "2")
-    service = await asyncio.to_thread(
-        start_frontend, tmp_path, etcd_url=etcd_url, nats_url=nats_url, namespace=namespace,
-        args=judged_fast,
-    )  # fmt: skip
-    yield service
-    service.kill()
+def frontend_factory(tmp_path: Path, etcd_url, nats_url, namespace):
+    """Start frontends that judge 1 s windows from two requests on; all stopped at the end."""
+    started: list[ServiceProcess] = []
+
+    def start() -> ServiceProcess:
+        judged_fast = ("--slo-window-s", "1", "--slo-min-requests", "2")
+        service = start_frontend(tmp_path, etcd_url=etcd_url, nats_url=nats_url,
+                                 namespace=namespace, args=judged_fast)  # fmt: skip
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.kill()
+
+
+@pytest.fixture
+async def frontend(frontend_factory) -> ServiceProcess:
+    return await asyncio.to_thread(frontend_factory)
+
+
+@pytest.fixture
+async def fleet_workers(worker_factory, tmp_path: Path) -> list[ServiceProcess]:
+    """Two mocker workers, slow per token, whose demand alone keeps one copy."""
+    env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
+    args = ("--enable-lora", "--max-loras", "4", *SLOW_FIRST_TOKEN, *DEMAND_KEEPS_ONE)
+    return [await asyncio.to_thread(worker_factory, *args, env=env) for _ in range(2)]
+
+
+def _hot(tmp_path: Path, slo: dict[str, float]) -> dict[str, object]:
+    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'hot')}"
+    return {"name": "hot", "base_model": "demo", "source": {"uri": uri},
+            "min_replicas": 1, "max_replicas": 2, "slo": slo}  # fmt: skip
+
+
+def _copies(n: int):
+    return lambda where, _bases: len(where.get("hot", ())) == n
 
 
 @contextlib.asynccontextmanager
@@ -75,18 +105,12 @@ async def _traffic(url: str, model: str, *, stream: bool) -> AsyncIterator[None]
     ],
 )
 async def test_a_missed_target_adds_a_copy_that_goes_with_the_traffic(
-    worker_factory, frontend, etcd, namespace, tmp_path: Path, capsys,
+    fleet_workers, frontend, etcd, namespace, tmp_path: Path, capsys,
     slo: dict[str, float], stream: bool, reason: str,
 ) -> None:  # fmt: skip
-    env = {"DYN_LORA_ENABLED": "true", "DYN_LORA_PATH": str(tmp_path / "cache")}
-    args = ("--enable-lora", "--max-loras", "4", *SLOW_FIRST_TOKEN, *DEMAND_KEEPS_ONE)
-    workers = [await asyncio.to_thread(worker_factory, *args, env=env) for _ in range(2)]
-    uri = f"file://{make_adapter_dir(tmp_path / 'adapters', 'hot')}"
-    spec = {"name": "hot", "base_model": "demo", "source": {"uri": uri},
-            "min_replicas": 1, "max_replicas": 2, "slo": slo}  # fmt: skip
+    workers, copies = fleet_workers, _copies
     async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
-        assert (await http.post("/v1/adapters", json=spec)).status_code == 201
-        copies = lambda n: lambda where, _: len(where.get("hot", ())) == n  # noqa: E731
+        assert (await http.post("/v1/adapters", json=_hot(tmp_path, slo))).status_code == 201
         await wait_for_holders(etcd, namespace, copies(1), timeout_s=30)
 
         async with _traffic(frontend.url, "hot", stream=stream):
@@ -125,3 +149,38 @@ async def _until_forgotten(http: httpx.AsyncClient, etcd, namespace: str) -> Non
             if not records and not series:
                 return
             await asyncio.sleep(0.2)
+
+
+async def test_two_frontends_judge_together_and_store_one_step(
+    fleet_workers, frontend_factory, etcd, namespace, tmp_path: Path
+) -> None:
+    """Both frontends count, both publish a report, both judge each window: one record, one
+    copy added, and both show the same reason."""
+    frontends = [await asyncio.to_thread(frontend_factory) for _ in range(2)]
+    async with httpx.AsyncClient(timeout=30) as http:
+        added = await http.post(f"{frontends[0].url}/v1/adapters",
+                                json=_hot(tmp_path, {"ttft_p95_ms": 20}))  # fmt: skip
+        assert added.status_code == 201
+        await wait_for_holders(etcd, namespace, _copies(1), timeout_s=30)
+        async with (
+            _traffic(frontends[0].url, "hot", stream=False),
+            _traffic(frontends[1].url, "hot", stream=True),
+        ):
+            await wait_for_holders(etcd, namespace, _copies(2), timeout_s=60)
+            reports = await etcd.get_prefix(slo_reports_prefix(namespace).encode())
+            shown = [await _once_it_shows_copies(http, f.url, 2) for f in frontends]
+        assert len(reports) == 2  # one per frontend, under its lease
+        records = await etcd.get_prefix(slo_copies_prefix(namespace).encode())
+        assert [decode_slo_copies(kv.value).copies for kv in records] == [2]
+        reasons = {status["attainment"]["reason"] for status in shown}
+        assert len(reasons) == 1 and reasons.pop().startswith("ttft p95 ")
+
+
+async def _once_it_shows_copies(http: httpx.AsyncClient, url: str, copies: int) -> dict:
+    """``hot``'s status at ``url`` once its watch shows the SLO copies record."""
+    async with asyncio.timeout(10):
+        while True:
+            status = (await http.get(f"{url}/v1/adapters/hot")).json()
+            if status["attainment"]["copies"] == copies:
+                return status
+            await asyncio.sleep(0.1)
