@@ -19,6 +19,7 @@ __all__ = [
     "LOAD_ROOT",
     "MDC_ROOT",
     "ROLLOUTS_ROOT",
+    "SLO_ROOT",
     "TENANTS_ROOT",
     "adapter_key",
     "adapters_prefix",
@@ -41,6 +42,10 @@ __all__ = [
     "parse_load_key",
     "rollout_report_key",
     "rollout_reports_prefix",
+    "slo_copies_key",
+    "slo_copies_prefix",
+    "slo_report_key",
+    "slo_reports_prefix",
     "tenant_key",
     "tenants_prefix",
 ]
@@ -58,6 +63,7 @@ ROLLOUTS_ROOT: Final = "v1/rollouts/"
 TENANTS_ROOT: Final = "v1/tenants/"
 API_KEYS_ROOT: Final = "v1/keys/"
 FRONTENDS_ROOT: Final = "v1/frontends/"
+SLO_ROOT: Final = "v1/slo/"
 
 
 def endpoint_path(namespace: str, component: str, endpoint: str) -> str:
@@ -154,6 +160,26 @@ def frontends_prefix(namespace: str) -> str:
 def frontend_key(namespace: str, frontend_id: str) -> str:
     """Key of one frontend's presence record (under that frontend's lease)."""
     return f"{frontends_prefix(namespace)}{frontend_id}"
+
+
+def slo_reports_prefix(namespace: str) -> str:
+    """Prefix of the frontends' latency window reports (``proto.slo.SloReport``)."""
+    return f"{SLO_ROOT}{namespace}/reports/"
+
+
+def slo_report_key(namespace: str, frontend_id: str) -> str:
+    """Key of one frontend's last window report (under that frontend's lease)."""
+    return f"{slo_reports_prefix(namespace)}{frontend_id}"
+
+
+def slo_copies_prefix(namespace: str) -> str:
+    """Prefix of the copies adapters' latency targets added (``proto.slo.SloCopies``)."""
+    return f"{SLO_ROOT}{namespace}/copies/"
+
+
+def slo_copies_key(namespace: str, slug: str) -> str:
+    """Key of one adapter's SLO copies record (persistent, no lease)."""
+    return f"{slo_copies_prefix(namespace)}{slug}"
 
 
 def load_key(namespace: str, component: str, endpoint: str, instance_id: int) -> str:

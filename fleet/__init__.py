@@ -1,6 +1,6 @@
 """How the fleet shares its adapters: the placement plan every worker and frontend computes
-alike from the same records, and the one reader of adapter directories. Pure: no I/O but
-reading those files."""
+alike from the same records, the judging of adapters' latency targets, and the one reader
+of adapter directories. Pure: no I/O but reading those files."""
 
 from lorafleet.fleet.adapter_files import (
     ADAPTER_CONFIG,
@@ -23,6 +23,16 @@ from lorafleet.fleet.placement import (
     rendezvous_order,
     wanted_copies,
 )
+from lorafleet.fleet.slo import (
+    P95_SHARE,
+    SETTLE_WINDOWS,
+    attainment_of,
+    merge_reports,
+    miss_reason,
+    next_slo_copies,
+    p95_ms,
+    slo_floor,
+)
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -31,15 +41,23 @@ __all__ = [
     "HELD_DEMAND_EPS",
     "IN_USE_RPS",
     "LOAD_BOUND_EPS",
+    "P95_SHARE",
     "RendezvousCache",
+    "SETTLE_WINDOWS",
     "adapter_bytes",
     "adapter_problem",
+    "attainment_of",
     "check_adapter_rank",
     "chosen_instances",
     "may_drop_copy",
+    "merge_reports",
+    "miss_reason",
+    "next_slo_copies",
+    "p95_ms",
     "pickle_problem",
     "plan_copies",
     "read_adapter_config",
     "rendezvous_order",
+    "slo_floor",
     "wanted_copies",
 ]

@@ -10,8 +10,9 @@ every adapter the fleet serves is seen, declared or not.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
@@ -29,12 +30,17 @@ from lorafleet.proto.adapters import (
     replica_bounds,
 )
 from lorafleet.proto.fleet_load import EvictedAdapter
+from lorafleet.proto.slo import SloAttainment
 from lorafleet.proto.uris import public_uri, redact_uri
 
-__all__ = ["AdapterStates", "StateOf"]
+__all__ = ["AdapterStates", "Attainment", "StateOf"]
 
 DEMAND_DIGITS: Final = 3
 """Requests per second are shown to a thousandth."""
+
+Attainment: TypeAlias = Callable[[AdapterSpec], SloAttainment | None]
+"""An adapter's attainment of its latency targets, None without targets
+(``SloLoop.attainment``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +58,14 @@ class AdapterStates:
 
     def __init__(
         self, registry: ModelRegistry, desired: DesiredState, loads: FleetLoads,
-        failures: LoadFailures, loader: OnDemandLoader,
+        failures: LoadFailures, loader: OnDemandLoader, attainment: Attainment | None = None,
     ) -> None:  # fmt: skip
         self._registry = registry
         self._desired = desired
         self._loads = loads
         self._failures = failures
         self._loader = loader
+        self._attainment = attainment
 
     def every(self) -> list[AdapterStatus]:
         """Every adapter, sorted by name: the desired ones and the unmanaged ones."""
@@ -113,7 +120,7 @@ class AdapterStates:
 
     def status(self, spec: AdapterSpec, warnings: list[str] | None = None) -> AdapterStatus:
         """``spec`` with its URI as anyone may see it (``public_uri``), its bounds in force,
-        its state and its recent demand."""
+        its state, its recent demand and, with targets, their attainment."""
         low, high = replica_bounds(spec)
         now = self.state_of(spec)
         return AdapterStatus(
@@ -123,7 +130,8 @@ class AdapterStates:
             instances=now.instances, warnings=[*(warnings or []), *self._card_warnings(spec.name)],
             state=now.state,
             loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
-            error=now.error, digest=self._digest(spec.name),
+            error=now.error, digest=self._digest(spec.name), slo=spec.slo,
+            attainment=None if self._attainment is None else self._attainment(spec),
         )  # fmt: skip
 
     def _serves_desired(self, spec: AdapterSpec) -> bool:

@@ -1,7 +1,8 @@
 """Build the frontend's Litestar app: lifespan, dependencies, controllers, OpenAI errors.
 
 The lifespan connects NATS and etcd, starts the watch caches (instances, cards,
-desired adapters, load records), the request plane, the router and the on-demand loader, and
+desired adapters, load records), the request plane, the router, the on-demand loader and
+the judging of rollouts and latency targets, and
 puts them in one ``Services`` on ``app.state.services``; handlers receive it as the
 ``services`` dependency. Every
 error leaves in OpenAI's shape.
@@ -54,6 +55,8 @@ from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.router import make_router
 from lorafleet.frontend.services import Services, services_of
+from lorafleet.frontend.slo_loop import SloLoop
+from lorafleet.frontend.slo_meter import SloMeter
 from lorafleet.frontend.tenants import TenantGate
 from lorafleet.proto.errors import LorafleetError, error_code
 from lorafleet.proto.openai import OpenAIError, OpenAIErrorResponse
@@ -63,7 +66,7 @@ __all__ = ["create_app"]
 log = structlog.get_logger(__name__)
 
 FRONTEND_LEASE_TTL_S: Final = 10
-"""This frontend's lease: its rollout window reports and its presence record
+"""This frontend's lease: its rollout and latency window reports and its presence record
 (``frontend.tenants``). A frontend that dies still counts this long in the others' shares
 of tenants' limits, so they enforce less than their share meanwhile."""
 
@@ -136,10 +139,15 @@ async def _start_services(
     stack.push_async_callback(rollouts.aclose)
     tenants = await TenantGate.start(etcd, config.namespace, lease, metrics)
     stack.push_async_callback(tenants.aclose)
+    meter = SloMeter(desired, window_s=config.slo_window_s)
+    slo = await SloLoop.start(etcd, meter, lease, registry=registry, desired=desired,
+                              metrics=metrics, min_requests=config.slo_min_requests)  # fmt: skip
+    stack.push_async_callback(slo.aclose)
     app.state.services = Services(
         plane=plane, registry=registry, desired=desired, loads=loads,
-        adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
-        generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
+        adapters=AdapterStates(registry, desired, loads, failures, loader, slo.attainment),
+        resolver=resolver, metrics=metrics,
+        generation=GenerationService(resolver, dispatcher, metrics, rollouts, meter),
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
         tenants=tenants, admission=FleetAdmission(config.admission, lambda: tenants.share),
     )  # fmt: skip

@@ -11,7 +11,7 @@ slots, the wait), declared beside the code that reads them. Adding a setting is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Final
 
 from lorafleet.discovery.connection_settings import ConnectionSettings
 from lorafleet.frontend.admission import AdmissionSettings
@@ -20,6 +20,9 @@ from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
 from lorafleet.process.settings import AT_LEAST_ONE, PORT, POSITIVE, setting
+
+DEFAULT_SLO_WINDOW_S: Final = 10.0
+DEFAULT_SLO_MIN_REQUESTS: Final = 20
 
 __all__ = ["FrontendConfig"]
 
@@ -37,6 +40,7 @@ class FrontendConfig(ConnectionSettings):
         FrontendConfig(on_demand_queue=1024)
         FrontendConfig(admission=AdmissionSettings(fleet_max_inflight=64))
         FrontendConfig(connect_timeout_s=300, shutdown_grace_s=30)
+        FrontendConfig(slo_window_s=2, slo_min_requests=5)     # tests: SLOs judged fast
     """
 
     http_host: str = setting(
@@ -78,4 +82,15 @@ class FrontendConfig(ConnectionSettings):
     body_timeout_s: Annotated[float, POSITIVE] = setting(
         DEFAULT_BODY_TIMEOUT_S, flag="--body-timeout-s", env="DYN_BODY_TIMEOUT_S",
         help="seconds after a request's head by which its whole body must arrive; 408 after",
+    )  # fmt: skip
+    slo_window_s: Annotated[float, AT_LEAST_ONE] = setting(
+        DEFAULT_SLO_WINDOW_S, flag="--slo-window-s", env="DYN_SLO_WINDOW_S",
+        help="seconds per window over which adapters' latency targets are measured and "
+        "judged; give every frontend the same",
+        more="See [`docs/slo.md`](docs/slo.md).",
+    )  # fmt: skip
+    slo_min_requests: Annotated[int, AT_LEAST_ONE] = setting(
+        DEFAULT_SLO_MIN_REQUESTS, flag="--slo-min-requests", env="DYN_SLO_MIN_REQUESTS",
+        help="answered requests an adapter needs in a window (every frontend's) before a "
+        "missed latency target adds a copy",
     )  # fmt: skip

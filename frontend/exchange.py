@@ -25,6 +25,7 @@ from lorafleet.frontend.errors import ClientGoneError, http_status, openai_error
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.rollout_loop import AliasCall
 from lorafleet.frontend.shapes import SSE_DONE, Answer, Shape, sse
+from lorafleet.frontend.slo_meter import SloMeter
 from lorafleet.frontend.token_stream import TokenStream
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.inference import FinalChunk, TokenChunk
@@ -41,7 +42,10 @@ class Exchange:
     resolves to nothing).
     """
 
-    def __init__(self, metrics: FrontendMetrics, shape: Shape, record: RequestRecord) -> None:
+    def __init__(
+        self, metrics: FrontendMetrics, shape: Shape, record: RequestRecord,
+        slo: SloMeter | None = None,
+    ) -> None:  # fmt: skip
         self.metrics = metrics
         self.shape = shape
         self.record = record
@@ -49,6 +53,11 @@ class Exchange:
         self.started = time.perf_counter()
         self.alias: AliasCall | None = None
         """The alias version this request went to, when it named an alias."""
+        self._slo = slo
+        """Counts an answered request's latencies against its adapter's targets, if any."""
+        self._first_token_at: float | None = None
+        self._broken = False
+        """A stream that an error ended after its 200: no latency to judge."""
 
     @property
     def elapsed_s(self) -> float:
@@ -75,6 +84,7 @@ class Exchange:
 
     def broke(self, exc: LorafleetError) -> None:
         """Count ``exc`` ending a stream that already answered 200."""
+        self._broken = True
         status, body = openai_error(exc)
         self.metrics.failed(self.label, self.shape.endpoint, body.error.code or exc.code)
         if self.alias is not None:
@@ -92,7 +102,8 @@ class Exchange:
 
     def first_token(self, at: float | None = None) -> None:
         """Count the time to the first token, which came at ``at`` (``perf_counter``; now)."""
-        seconds = (time.perf_counter() if at is None else at) - self.started
+        self._first_token_at = time.perf_counter() if at is None else at
+        seconds = self._first_token_at - self.started
         self.metrics.first_token_after(self.label, self.shape.endpoint, seconds)
         self.record.first_token_s = seconds
         if self.alias is not None:
@@ -105,6 +116,15 @@ class Exchange:
             self.alias.ended(200)
         if final is not None:
             self.count_tokens(final)
+        if self._slo is not None and self._first_token_at is not None and not self._broken:
+            self._observe_latencies(self._slo, self._first_token_at)
+
+    def _observe_latencies(self, slo: SloMeter, first_token_at: float) -> None:
+        """Count the answer's TTFT and inter-token latency (from the first token to now,
+        the last, over the tokens after the first) against its adapter's targets."""
+        tokens = self.record.completion_tokens
+        itl_s = (time.perf_counter() - first_token_at) / (tokens - 1) if tokens > 1 else None
+        slo.observe(self.label, ttft_s=first_token_at - self.started, itl_s=itl_s)
 
     def count_tokens(self, final: FinalChunk) -> None:
         """Put the answer's token counts in the request's access-log record."""

@@ -30,6 +30,7 @@ from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
 from lorafleet.frontend.shapes import Answer, Shape
+from lorafleet.frontend.slo_meter import SloMeter
 from lorafleet.frontend.token_stream import TokenStream
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.inference import GenerateRequest, TokenChunk
@@ -75,12 +76,15 @@ class GenerationService:
         dispatcher: Dispatcher,
         metrics: FrontendMetrics,
         rollouts: RolloutLoop | None = None,
+        slo: SloMeter | None = None,
     ) -> None:
         self.resolver = resolver
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.rollouts = rollouts
         """Splits requests to an alias over its versions and counts them (None: no aliases)."""
+        self.slo = slo
+        """Counts answered requests against their adapters' latency targets (None: not)."""
 
     async def generate(
         self, body: _Body, shape: Shape, to_generate: ToGenerate[_Body], receive: Receive
@@ -92,7 +96,7 @@ class GenerationService:
         while its request waits (for a load, an instance, the first token or the whole
         answer) cancels it and gets ``ClientGoneError``, counted as 499.
         """
-        exchange = Exchange(self.metrics, shape, current_record())
+        exchange = Exchange(self.metrics, shape, current_record(), self.slo)
         exchange.record.model = body.model  # the name asked for, served or not
         try:
             return await _unless_client_gone(self._answer(body, to_generate, exchange), receive)

@@ -1,6 +1,6 @@
 """Prometheus metrics of one frontend: requests, errors, latencies, migrations, on-demand loads,
-each alias version's requests, errors and TTFT, and each tenant's requests, tokens,
-refusals and TTFT.
+each alias version's requests, errors and TTFT, each tenant's requests, tokens,
+refusals and TTFT, and each adapter's attainment of its latency targets.
 
 Each frontend app owns its own ``CollectorRegistry``, so several apps can live
 in one process (tests). Labels are the served model name (``""`` for a name
@@ -97,6 +97,12 @@ class FrontendMetrics:
             "Time to the first token of a tenant's requests",
             ["tenant"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )  # fmt: skip
+        self.slo_attainment_share = Gauge(
+            "lorafleet_frontend_adapter_slo_attainment",
+            "Share of an adapter's answered requests within its latency targets in the last "
+            "judged window with requests, across every frontend",
+            ["adapter"], registry=self.registry,
+        )  # fmt: skip
         self.build_info = Gauge(
             "lorafleet_build_info", "Always 1; the labels say which lorafleet runs",
             ["version", "python_version", "component"], registry=self.registry,
@@ -168,6 +174,15 @@ class FrontendMetrics:
     def tenant_refused(self, tenant: str, limit: str) -> None:
         """Count one request of ``tenant`` refused by ``limit`` (or ``model``)."""
         self._child(self.tenant_refusals, tenant, limit).inc()
+
+    def slo_attainment(self, adapter: str, share: float) -> None:
+        """Set ``adapter``'s attainment of its latency targets (the fleet's last window)."""
+        self._child(self.slo_attainment_share, adapter).set(share)
+
+    def slo_forget(self, adapter: str) -> None:
+        """Drop ``adapter``'s attainment series: its targets were removed, or it was deleted."""
+        if self._children.pop((id(self.slo_attainment_share), adapter), None) is not None:
+            self.slo_attainment_share.remove(adapter)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

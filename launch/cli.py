@@ -28,6 +28,7 @@ from lorafleet.launch.keys_cli import (
 from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.proto.adapters import SHA256_PATTERN, AdapterSpec, LoraSource
 from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.slo import SloTargets
 
 __all__ = ["main"]
 
@@ -158,6 +159,11 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
                       help="apply, load: the adapter's expected content digest "
                            "(sha256:<hex> or hex, as /v1/adapters shows it); other files "
                            "are refused")  # fmt: skip
+    lora.add_argument("--ttft-p95-ms", type=float,
+                      help="apply: latency target, time to first token p95 in ms; a miss "
+                           "while it has demand adds a copy (up to --max-replicas)")  # fmt: skip
+    lora.add_argument("--itl-p95-ms", type=float,
+                      help="apply: latency target, inter-token latency p95 in ms")  # fmt: skip
     lora.add_argument("--wait-s", type=float, default=DEFAULT_APPLY_WAIT_S,
                       help="apply: how long to wait for the adapter to leave pending/loading "
                            "(0: do not wait)")  # fmt: skip
@@ -211,6 +217,13 @@ def _replicas(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f'{value!r} is neither a number nor "all"') from None
+
+
+def _slo_targets(args: argparse.Namespace) -> SloTargets | None:
+    """The latency targets given (the frontend checks their values), or None."""
+    if args.ttft_p95_ms is None and args.itl_p95_ms is None:
+        return None
+    return SloTargets(ttft_p95_ms=args.ttft_p95_ms, itl_p95_ms=args.itl_p95_ms)
 
 
 def _sha256(value: str) -> str:
@@ -330,7 +343,7 @@ def _lora(args: argparse.Namespace) -> int:
             name=args.name, base_model=args.base_model,
             source=LoraSource(uri=args.uri, sha256=args.sha256),
             replicas=args.replicas, min_replicas=args.min_replicas,
-            max_replicas=args.max_replicas, pinned=args.pinned,
+            max_replicas=args.max_replicas, pinned=args.pinned, slo=_slo_targets(args),
         )  # fmt: skip
         return apply_adapter(args.frontend, adapter, wait_s=args.wait_s, as_json=args.json)
     if args.action == "delete":

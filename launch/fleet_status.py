@@ -96,11 +96,14 @@ def _short(digest: str) -> str:
 
 
 def _detail(status: dict[str, Any]) -> str:
-    """The failed load's error, or when and why placement evicted an unmanaged adapter."""
-    error, evicted = status.get("error"), status.get("evicted")
+    """The failed load's error, when and why placement evicted an unmanaged adapter, or the
+    copies its latency targets added and why."""
+    error, evicted, slo = status.get("error"), status.get("evicted"), status.get("attainment")
     if error:
         return f"{error['code']}: {error['message']}"
     if evicted:
         why = f": {evicted['reason']}" if evicted.get("reason") else ""
         return f"evicted from {evicted['instance']} at {evicted['at']}{why}"
+    if slo and slo.get("copies"):
+        return f"slo copies {slo['copies']}: {slo['reason']}"
     return "-"

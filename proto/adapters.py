@@ -15,6 +15,7 @@ import msgspec
 
 from lorafleet.proto.errors import InvalidRequestError
 from lorafleet.proto.limits import MAX_MODEL_NAME_CHARS, MAX_URI_CHARS
+from lorafleet.proto.slo import MAX_SLO_MS, SloAttainment, SloTargets
 from lorafleet.proto.uris import split_uri
 
 __all__ = [
@@ -147,6 +148,9 @@ class AdapterSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_replicas: Replicas | None = None
     """Most copies demand may add (default: ``replicas``, or ``min_replicas`` if larger)."""
     pinned: bool = False
+    slo: SloTargets | None = None
+    """Latency targets: while the adapter misses one and has demand, placement adds a copy
+    (up to ``max_replicas``); ``docs/slo.md``."""
 
 
 class AdapterLoadError(msgspec.Struct, kw_only=True, frozen=True):
@@ -203,6 +207,9 @@ class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
     first instance's."""
     evicted: AdapterEviction | None = None
     """While ``state`` is ``evicted``: when placement evicted it, where, and why."""
+    attainment: SloAttainment | None = None
+    """With ``slo`` targets: the fleet's last judged window, and the copies the targets
+    added and why."""
 
 
 class AdapterList(msgspec.Struct, kw_only=True, frozen=True):
@@ -264,12 +271,26 @@ def validate_adapter_spec(spec: AdapterSpec) -> AdapterSpec:
             f"min_replicas of adapter {spec.name!r} ({low}) is more than its "
             f"max_replicas ({high}); lower min_replicas or raise max_replicas"
         )
+    _check_targets(spec)
     if split_uri(spec.source.uri) is None:
         raise InvalidRequestError(
             f"source.uri of adapter {spec.name!r} is not a URI with a scheme; "
             "use e.g. file:///path or s3://bucket/prefix"
         )
     return spec
+
+
+def _check_targets(spec: AdapterSpec) -> None:
+    """Refuse a target that is not a positive number of milliseconds up to ``MAX_SLO_MS``."""
+    if spec.slo is None:
+        return
+    for field in ("ttft_p95_ms", "itl_p95_ms"):
+        value = getattr(spec.slo, field)
+        if value is not None and not 0 < value <= MAX_SLO_MS:  # NaN fails too
+            raise InvalidRequestError(
+                f"slo.{field} of adapter {spec.name!r} is {value}; use milliseconds above 0 "
+                f"and at most {MAX_SLO_MS:.0f}, or leave it out for no target"
+            )
 
 
 def expected_digest(source: LoraSource) -> str | None:

@@ -126,7 +126,8 @@ class EngineConfig(Settings):
         more="mocker: `fail_add_adapter`, `fail_remove_adapter`, `fail_generate` (a regex of "
         "model names whose requests fail) with `fail_generate_share` (which share, spread "
         "evenly; default 1), `add_adapter_delay_s`, `endpoint_ready_delay_s`, "
-        "`fail_on_endpoint_ready`, `output_tokens`, `name_version` (tokens name the adapter "
+        "`fail_on_endpoint_ready`, `output_tokens`, `max_running` (requests generated at once; "
+        "others queue), `name_version` (tokens name the adapter "
         "version). hf: "
         "`max_batch_size`, `device`, `dtype`, `cpu_threads`. vllm: vLLM's engine arguments "
         "([`docs/vllm_engine.md`](docs/vllm_engine.md)).",

@@ -1,8 +1,9 @@
 """Fleet placement inside one worker: load what the fleet-wide plan gives it, unload the rest.
 
 Each worker watches the desired state (``v1/adapters/{ns}/``), the cards of its
-peers (``v1/mdc/{ns}/``) and their load records (``v1/load/{ns}/``), computes the
-same plan as every other worker (``fleet.placement.plan_copies``: copies from
+peers (``v1/mdc/{ns}/``), their load records (``v1/load/{ns}/``) and the copies that
+adapters' missed latency targets added (``v1/slo/{ns}/copies/``, ``fleet.slo``), computes
+the same plan as every other worker (``fleet.placement.plan_copies``: copies from
 fleet demand, rendezvous order with loads bounded by count and by demand, held copies
 stay) and
 converges by itself; there is no coordinator. Loads and unloads go through the
@@ -20,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Final
+from typing import Annotated, Any, Final, TypeAlias
 
 import structlog
 
@@ -31,10 +32,12 @@ from lorafleet.discovery.keys import (
     load_prefix,
     parse_card_key,
     parse_load_key,
+    slo_copies_prefix,
 )
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.watch_cache import WatchCache
-from lorafleet.fleet.placement import RendezvousCache, chosen_instances, plan_copies
+from lorafleet.fleet.placement import IN_USE_RPS, RendezvousCache, chosen_instances, plan_copies
+from lorafleet.fleet.slo import slo_floor
 from lorafleet.process.settings import NON_NEGATIVE, POSITIVE, Settings, setting
 from lorafleet.proto.adapters import (
     AdapterSpec,
@@ -47,6 +50,7 @@ from lorafleet.proto.adapters import (
 from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
 from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
+from lorafleet.proto.slo import SloCopies, decode_slo_copies
 from lorafleet.worker.adapter_record import Role
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
@@ -64,6 +68,34 @@ MIN_PASS_INTERVAL_S: Final = 0.25
 """Passes start at most this often: load records change with every request."""
 RECHECK_S: Final = 5.0
 """Re-run placement this often even without changes: unloads idle copies."""
+
+
+_Caches: TypeAlias = tuple[
+    WatchCache[AdapterSpec],
+    WatchCache[ModelDeploymentCard],
+    WatchCache[InstanceLoad],
+    WatchCache[SloCopies],
+]
+"""What placement follows: desired state, cards, load records, SLO copies."""
+
+
+async def _watch_all(etcd: EtcdClient, namespace: str) -> _Caches:
+    """Start following everything placement reads; an etcd error part-way closes what
+    started (the caller may try again)."""
+    started: list[WatchCache[Any]] = []
+    try:
+        for prefix, decode in (
+            (adapters_prefix(namespace), decode_adapter_spec),
+            (card_prefix(namespace), decode_card),
+            (load_prefix(namespace), decode_instance_load),
+            (slo_copies_prefix(namespace), decode_slo_copies),
+        ):
+            started.append(await WatchCache.start(etcd, prefix, decode))
+    except Exception:
+        await asyncio.gather(*(cache.aclose() for cache in started))
+        raise
+    specs, cards, loads, slo_copies = started
+    return specs, cards, loads, slo_copies
 
 
 class PlacementPolicy(enum.Enum):
@@ -128,6 +160,7 @@ class Placement:
         specs: WatchCache[AdapterSpec],
         cards: WatchCache[ModelDeploymentCard],
         loads: WatchCache[InstanceLoad],
+        slo_copies: WatchCache[SloCopies],
         settings: PlacementSettings,
     ) -> None:
         self._controller = controller
@@ -136,6 +169,8 @@ class Placement:
         self._specs = specs
         self._cards = cards
         self._loads = loads
+        self._slo_copies = slo_copies
+        """The copies adapters' latency targets added (``frontend.slo_loop`` writes them)."""
         self._settings = settings
         self._targets = CopyTargets(copy_rps=settings.copy_rps, cooldown_s=settings.cooldown_s)
         self._retries = LoadRetries()
@@ -157,27 +192,18 @@ class Placement:
         settings: PlacementSettings,
     ) -> Placement:
         """Publish the load record, watch the fleet, and converge from now on."""
-        specs = await WatchCache.start(etcd, adapters_prefix(namespace), decode_adapter_spec)
-        try:  # an etcd error part-way: close what started, the caller may try again
-            cards = await WatchCache.start(etcd, card_prefix(namespace), decode_card)
-        except Exception:
-            await specs.aclose()
-            raise
-        try:
-            loads = await WatchCache.start(etcd, load_prefix(namespace), decode_instance_load)
-        except Exception:
-            await asyncio.gather(specs.aclose(), cards.aclose())
-            raise
+        caches = await _watch_all(etcd, namespace)
+        specs, cards, loads, slo_copies = caches
         placement = cls(
             controller=controller, instance_id=lease.lease_id, specs=specs, cards=cards,
-            loads=loads, settings=settings,
+            loads=loads, slo_copies=slo_copies, settings=settings,
         )  # fmt: skip
         demand = DemandMeter(half_life_s=settings.demand_half_life_s)
         controller.attach_fleet(placement, demand=demand, in_use_s=settings.in_use_s)
         placement._report = LoadReport.start(
             lease, load_key, controller=controller, failures=lambda: placement._retries.failures
         )
-        for cache in (specs, cards, loads):
+        for cache in caches:
             cache.subscribe(lambda *_: placement._changed.set())
         placement._changed.set()
         placement._task = asyncio.create_task(placement._placement_loop(), name="placement")
@@ -191,7 +217,7 @@ class Placement:
         if self._report is not None:
             await self._report.aclose()
         self._controller.attach_fleet(None)
-        for cache in (self._specs, self._cards, self._loads):
+        for cache in (self._specs, self._cards, self._loads, self._slo_copies):
             await cache.aclose()
 
     def peers(self) -> dict[int, int]:
@@ -251,8 +277,9 @@ class Placement:
                 name: chosen_instances(name, replica_bounds(spec)[0], peers)
                 for name, spec in specs.items()
             }  # fmt: skip
+        slo = {record.name: record for record in self._slo_copies.items.values()}
         copies = {
-            name: self._target(spec, len(peers), self.demand_rps(name))
+            name: self._target(spec, len(peers), self.demand_rps(name), slo.get(name))
             for name, spec in specs.items()
         }
         held = self._held(peers)
@@ -271,8 +298,14 @@ class Placement:
                     summed[name] += rps
         return {name: summed.get(name, 0.0) for name in names}
 
-    def _target(self, spec: AdapterSpec, instances: int, demand_rps: float) -> int:
+    def _target(
+        self, spec: AdapterSpec, instances: int, demand_rps: float, slo: SloCopies | None
+    ) -> int:
+        """Copies from demand between the bounds; at least the copies its latency targets
+        added (``slo``) while it has demand (``fleet.slo.slo_floor``)."""
         low, high = (instances if n == "all" else n for n in replica_bounds(spec))
+        floor = slo_floor(slo, demand_rps=demand_rps, in_use_rps=IN_USE_RPS)
+        low = max(low, min(high, floor))
         return self._targets.target(spec.name, low=low, high=high, demand_rps=demand_rps)
 
     def _held(self, peers: dict[int, int]) -> dict[int, set[str]]:

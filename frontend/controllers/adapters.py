@@ -21,7 +21,13 @@ from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.errors import names_in_message
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.services import Services
-from lorafleet.proto.adapters import AdapterList, AdapterSpec, AdapterStatus, validate_adapter_spec
+from lorafleet.proto.adapters import (
+    AdapterList,
+    AdapterSpec,
+    AdapterStatus,
+    replica_bounds,
+    validate_adapter_spec,
+)
 from lorafleet.proto.errors import ConflictError, NotFoundError
 from lorafleet.proto.limits import shorten
 
@@ -50,6 +56,17 @@ def _check_against_served(spec: AdapterSpec, registry: ModelRegistry) -> list[st
     return []
 
 
+def _slo_room(spec: AdapterSpec) -> list[str]:
+    """Warn when latency targets can add no copy: the bounds leave no room above the lower."""
+    low, high = replica_bounds(spec)
+    if spec.slo is None or high == "all" or (low != "all" and low < high):
+        return []
+    return [
+        f"slo targets are measured and shown, but can add no copy: max_replicas is {high}; "
+        "raise max_replicas to let a missed target add copies"
+    ]
+
+
 class AdaptersController(Controller):
     """The fleet's desired adapters: apply, list, describe, delete."""
 
@@ -72,7 +89,7 @@ class AdaptersController(Controller):
         spec = validate_adapter_spec(data)
         if services.aliases.get(spec.name) is not None:
             raise ConflictError(f"name {spec.name!r} is an alias (/v1/aliases); choose another")
-        warnings = _check_against_served(spec, services.registry)
+        warnings = _check_against_served(spec, services.registry) + _slo_room(spec)
         changed = await services.desired.apply(spec)
         return Response(
             services.adapters.status(spec, warnings), status_code=201 if changed else 200

@@ -169,3 +169,14 @@ def test_tenants_refuses_the_flooder_and_serves_the_others(tmp_path: Path) -> No
     assert saturated["c"]["refused_429"] > 0
     assert saturated["a"]["errors"] == saturated["b"]["errors"] == 0
     assert phases["open"]["frontend_cpu_ms_per_request"] > 0
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_slo_adds_a_copy_and_reports_attainment_before_and_after(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "slo", "--after-s", "1", "--add-timeout-s", "60")
+    figures = result["results"]
+    assert figures["failed"] == 0
+    assert figures["copy_added_after_s"] is not None
+    assert figures["reason"].startswith("ttft p95 ")
+    assert figures["before"]["requests"] > 0 and figures["judged_windows"]
+    assert {"requests", "ttft_p50_ms", "ttft_p95_ms", "within_target"} <= figures["after"].keys()

@@ -19,6 +19,7 @@ from lorafleet.frontend.config import FrontendConfig
 from lorafleet.launch.cli import main as lorafleet
 from lorafleet.proto.adapters import AdapterSpec, LoraSource
 from lorafleet.proto.naming import lora_slug
+from lorafleet.proto.slo import SloTargets
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 
@@ -77,12 +78,44 @@ async def test_apply_stores_under_the_slug_and_answers_201_then_200(
         (_spec(replicas="some"), "replicas"),
         (_spec(source={"uri": "/no/scheme"}), "source.uri"),
         ({"name": "x", "source": {"uri": "file:///x"}}, "base_model"),
+        (_spec(slo={"ttft_p95_ms": -300}), "slo.ttft_p95_ms"),
+        (_spec(slo={"ttft_p95_ms": 0}), "slo.ttft_p95_ms"),
+        (_spec(slo={"itl_p95_ms": 1e12}), "slo.itl_p95_ms"),
+        (_spec(slo={"itl_p95_ms": "fast"}), "slo.itl_p95_ms"),
     ],
 )
 async def test_invalid_specs_are_400_naming_the_field(admin_frontend, body, words) -> None:
     response = await admin_frontend.http.post("/v1/adapters", json=body, headers=AUTH)
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
+
+
+async def test_a_bad_latency_target_changes_nothing(admin_frontend, demo, etcd, namespace) -> None:
+    http = admin_frontend.http
+    assert (await http.post("/v1/adapters", json=_spec(), headers=AUTH)).status_code == 201
+    key = adapter_key(namespace, lora_slug("org/robot")).encode()
+    before = await etcd.get(key)
+    refused = await http.post(
+        "/v1/adapters", json=_spec(slo={"ttft_p95_ms": -1}, replicas=2), headers=AUTH
+    )
+    assert refused.status_code == 400
+    assert "slo.ttft_p95_ms of adapter 'org/robot' is -1" in refused.json()["error"]["message"]
+    assert (await etcd.get(key)).mod_revision == before.mod_revision
+    shown = (await http.get("/v1/adapters/org/robot")).json()
+    assert (shown["replicas"], shown["slo"], shown["attainment"]) == (0, None, None)
+
+
+async def test_targets_without_room_for_a_copy_are_stored_with_a_warning(
+    admin_frontend, demo
+) -> None:
+    http = admin_frontend.http
+    fixed = await http.post("/v1/adapters", json=_spec(replicas=1, slo={"ttft_p95_ms": 300}),
+                            headers=AUTH)  # fmt: skip
+    assert fixed.status_code == 201
+    assert any("can add no copy: max_replicas is 1" in w for w in fixed.json()["warnings"])
+    room = _spec(min_replicas=1, max_replicas=2, slo={"ttft_p95_ms": 300})
+    spaced = await http.post("/v1/adapters", json=room, headers=AUTH)
+    assert not any("can add no copy" in w for w in spaced.json()["warnings"])
 
 
 async def test_writes_need_the_admin_token_reads_do_not(admin_frontend, demo) -> None:
@@ -188,6 +221,26 @@ async def test_cli_apply_and_delete_go_through_the_frontend(
     assert admin_frontend.app.state.services.desired.get("org/robot") is None
     monkeypatch.delenv("DYN_ADMIN_TOKEN")
     assert await asyncio.to_thread(lorafleet, delete) == 1
+
+
+async def test_cli_apply_sets_latency_targets_that_the_adapter_shows(
+    admin_frontend, demo, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", TOKEN)
+    argv = ["lora", "apply", "org/robot", "file:///adapters/robot", "--base-model", "demo",
+            "--max-replicas", "3", "--ttft-p95-ms", "300", "--itl-p95-ms", "40",
+            "--frontend", admin_frontend.url, "--json", "--wait-s", "0"]  # fmt: skip
+    assert await asyncio.to_thread(lorafleet, argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["slo"] == {"ttft_p95_ms": 300.0, "itl_p95_ms": 40.0}
+    assert printed["attainment"]["requests"] == 0  # nothing answered yet
+    assert printed["attainment"]["copies"] == 0
+    spec = admin_frontend.app.state.services.desired.get("org/robot")
+    assert spec.slo == SloTargets(ttft_p95_ms=300, itl_p95_ms=40)
+    argv[argv.index("300")] = "-3"
+    assert await asyncio.to_thread(lorafleet, argv) == 1
+    assert "slo.ttft_p95_ms" in capsys.readouterr().out
+    assert admin_frontend.app.state.services.desired.get("org/robot") == spec
 
 
 async def test_without_a_token_the_admin_routes_are_open(frontend) -> None:

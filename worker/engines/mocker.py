@@ -9,8 +9,10 @@ test can tell whether the right adapter answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,7 @@ class MockerOptions:
         MockerOptions(time_per_token_s=0.01)             # 100 tokens/s per request
         MockerOptions(fail_add_adapter="broken.*")       # adding matching adapters fails
         MockerOptions(fail_generate="bot-v2", fail_generate_share=0.3)  # 3 of 10 requests fail
+        MockerOptions(time_per_token_s=0.02, max_running=2)  # a queue past 2 requests
     """
 
     time_per_token_s: float = 0.0
@@ -60,6 +63,9 @@ class MockerOptions:
     fail_generate_share: float = 1.0
     """... this share of them, spread evenly (request n fails when n x share crosses an integer),
     so a run is the same every time."""
+    max_running: int = 0
+    """Requests generated at once (0: no limit); the others wait their turn in arrival
+    order, as in a busy engine's queue, so load on one copy lengthens TTFT (``bench.slo``)."""
     name_version: bool = False
     """An adapter's tokens name the version that answers (``name@<12 hex of its digest>``)
     instead of the adapter: ``bench.rollout`` tells old from new weights in a swap by it."""
@@ -84,6 +90,9 @@ class MockerEngine(AdapterEngine):
         self.requests_by_model: dict[str, int] = {}
         """Requests seen per model that ``fail_generate`` matches (which of them fail)."""
         self.endpoint: ModelEndpoint | None = None
+        self._running = (
+            asyncio.Semaphore(self.options.max_running) if self.options.max_running else None
+        )
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
         """Keep the endpoint; optionally wait or fail, as a slow or broken engine would."""
@@ -114,7 +123,17 @@ class MockerEngine(AdapterEngine):
         if self.options.name_version and handle is not None:
             answering = next(key for key, held in self.adapters.items() if held == handle)
         adapter = "" if request.model == self.config.model_name else request.model
-        metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(0.0)  # no queue
+        queued_at = time.perf_counter()
+        async with self._running or contextlib.nullcontext():
+            queued_s = time.perf_counter() - queued_at
+            metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(queued_s)
+            async for chunk in self._tokens(request, answering):
+                yield chunk
+
+    async def _tokens(
+        self, request: GenerateRequest, answering: str
+    ) -> AsyncIterator[TokenChunk | FinalChunk]:
+        """The answer's synthetic tokens, one per ``time_per_token_s``, then its final chunk."""
         start = len(request.generated_ids)
         budget = max(0, min(request.sampling.max_tokens, self._natural_length(request) - start))
         for index in range(start, start + budget):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from lorafleet.proto.errors import InvalidRequestError
@@ -43,3 +45,21 @@ async def test_the_answer_has_exactly_the_asked_length(
 async def test_logit_bias_is_refused_naming_it() -> None:
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         await _answer(logit_bias={1: 5.0})
+
+
+async def test_past_max_running_a_request_waits_for_a_running_one_to_end() -> None:
+    engine = MockerEngine(EngineConfig(model="m", options={"max_running": 1, "output_tokens": 3}))
+
+    def request(request_id: str) -> GenerateRequest:
+        return GenerateRequest(request_id=request_id, model="m", prompt="hi",
+                               sampling=SamplingParams(max_tokens=8))  # fmt: skip
+
+    first, second = engine.generate(request("a")), engine.generate(request("b"))
+    await anext(first)  # "a" runs, holding the one place
+    waiting = asyncio.create_task(anext(second))
+    for _ in range(20):  # let the loop run "b" as far as it can go
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    assert len([chunk async for chunk in first]) == 3  # two tokens and the final chunk
+    assert (await waiting).token_ids == [0]  # "a" ended: "b" got its place
+    await second.aclose()
