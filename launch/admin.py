@@ -66,16 +66,17 @@ async def worker_urls(etcd: EtcdSettings, namespace: str) -> list[str]:
 
 def lora_command(
     action: str, *, name: str | None, uri: str | None, workers: list[str], as_json: bool = False,
-    sha256: str | None = None,
+    sha256: str | None = None, replace: bool = False,
 ) -> int:  # fmt: skip
-    """Run ``load`` (of files with the content digest ``sha256``, when given), ``unload`` or
-    ``list`` on each worker; print a table (or JSON lines)."""
+    """Run ``load`` (of files with the content digest ``sha256``, when given; a swap from
+    another source when ``replace``), ``unload`` or ``list`` on each worker; print a table
+    (or JSON lines)."""
     if not workers:
         print("no live worker found; is the cluster up (lorafleet up)?")
         return 1
     token = os.environ.get("DYN_SYSTEM_AUTH_TOKEN")
     headers = {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
-    path, request = _route(action, name, LoraSource(uri=uri or "", sha256=sha256))
+    path, request = _route(action, name, LoraSource(uri=uri or "", sha256=sha256), replace)
     answers: list[dict[str, Any]] = []
     for url in workers:
         try:
@@ -92,9 +93,12 @@ def lora_command(
 _JSON = {"Content-Type": "application/json"}
 
 
-def _route(action: str, name: str | None, source: LoraSource) -> tuple[str, _LoraRequest]:
+def _route(
+    action: str, name: str | None, source: LoraSource, replace: bool
+) -> tuple[str, _LoraRequest]:
     if action == "load":
-        return "/engine/update/load_lora", LoadLoraRequest(lora_name=name or "", source=source)
+        load = LoadLoraRequest(lora_name=name or "", source=source, replace=replace)
+        return "/engine/update/load_lora", load
     if action == "unload":
         return "/engine/update/unload_lora", UnloadLoraRequest(lora_name=name or "")
     return "/engine/update/list_loras", ListLorasRequest()

@@ -159,6 +159,9 @@ def _lora_parser(lora: argparse.ArgumentParser) -> None:
                       help="apply, load: the adapter's expected content digest "
                            "(sha256:<hex> or hex, as /v1/adapters shows it); other files "
                            "are refused")  # fmt: skip
+    lora.add_argument("--replace", action="store_true",
+                      help="load: swap an adapter loaded from another source to this one, make "
+                           "before break (vLLM's load_inplace)")  # fmt: skip
     lora.add_argument("--ttft-p95-ms", type=float,
                       help="apply: latency target, time to first token p95 in ms; a miss "
                            "while it has demand adds a copy (up to --max-replicas)")  # fmt: skip
@@ -333,6 +336,10 @@ def _lora(args: argparse.Namespace) -> int:
         print(f"lorafleet lora {args.action} takes no --sha256 (apply and load do)",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.replace and args.action != "load":
+        print(f"lorafleet lora {args.action} takes no --replace (load does; apply swaps when "
+              "the URI changes)", file=sys.stderr)  # fmt: skip
+        return 2
     missing = [_SPELLING[field] for field in needs if not getattr(args, field)]
     if missing:
         print(f"lorafleet lora {args.action} needs {', '.join(missing)} "
@@ -350,7 +357,7 @@ def _lora(args: argparse.Namespace) -> int:
         return delete_adapter(args.frontend, args.name)
     workers = args.worker or discover(args.etcd, args.namespace)
     code = lora_command(args.action, name=args.name, uri=args.uri, workers=workers,
-                        as_json=args.json, sha256=args.sha256)  # fmt: skip
+                        as_json=args.json, sha256=args.sha256, replace=args.replace)  # fmt: skip
     if args.action == "list" and not args.worker:
         print_fleet(args.frontend, as_json=args.json)
     return code

@@ -162,3 +162,25 @@ async def test_lorafleet_lora_load_passes_sha256_and_a_mismatch_exits_1_naming_b
     assert await asyncio.to_thread(lorafleet, [*argv, "--sha256", right]) == 0
     assert await _digests(worker) == {"pirate": right}
     assert lorafleet(["lora", "unload", "pirate", "--sha256", right]) == 2  # not ignored
+
+
+async def test_lorafleet_lora_load_replace_swaps_to_another_source(
+    lora_worker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A load from another URI is refused with 409 "swap it with replace"; ``--replace`` is
+    how the CLI says so."""
+    worker = lora_worker()
+    old = make_adapter_dir(tmp_path / "v1", "pirate", weights=V1)
+    new = make_adapter_dir(tmp_path / "v2", "pirate", weights=V2)
+
+    def load(path: Path) -> list[str]:
+        return ["lora", "load", "pirate", f"file://{path}", "--worker", worker.url, "--json"]
+
+    assert await asyncio.to_thread(lorafleet, load(old)) == 0
+
+    assert await asyncio.to_thread(lorafleet, load(new)) == 1
+    assert "replace" in capsys.readouterr().out
+    assert await _digests(worker) == {"pirate": adapter_digest(weights=V1)}
+    assert await asyncio.to_thread(lorafleet, [*load(new), "--replace"]) == 0
+    assert await _digests(worker) == {"pirate": adapter_digest(weights=V2)}
+    assert lorafleet(["lora", "unload", "pirate", "--replace"]) == 2  # not ignored
