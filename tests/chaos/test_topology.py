@@ -1,0 +1,257 @@
+"""Issue 27 on a multi-host cluster: partitions between groups of hosts, under load.
+
+The cluster of ``tests/topology.py`` (three etcd members, three NATS servers, two
+frontends, four workers, each group on a host of its own) runs once for the module.
+Each case cuts links between hosts, holds the partition, heals it, and waits until the
+cluster is whole again. All along, closed-loop chats and streams run through both
+frontends and ``tests/invariants.py`` checks the cards. Each case prints one row for
+the table of docs/faults.md: requests sent, failed, wrong; streams broken (hung);
+invariant violations; time to detect; time to heal. Needs root, ``ip`` and ``nft``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import httpx
+import pytest
+
+from lorafleet.discovery.client import connect_etcd
+from tests.etcd_scenarios import Load
+from tests.invariants import CardChecker, Streams, keys_of, worker_view
+from tests.topology import (
+    ADAPTERS,
+    MODELS,
+    START_TIMEOUT_S,
+    WORKER_HOSTS,
+    Topology,
+    start_topology,
+    wait_for_models,
+)
+from tests.worker.adapters import make_adapter_dir
+
+CLIENTS_PER_FRONTEND: Final = 3
+WARM_UP_S: Final = 1.0
+"""Load before the cut, and again after the heal: the fault's timing, not a wait."""
+PROBE: Final = "probe"
+"""An adapter loaded while the partition lasts: the frontends must see it."""
+CASE_TIMEOUT_S: Final = 90.0
+
+
+@pytest.fixture(scope="module")
+async def topology(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Topology]:
+    tmp_path = tmp_path_factory.mktemp("topology")
+    try:
+        running = await start_topology(tmp_path, f"topo{int(time.time()) % 100000}")
+    except OSError as exc:
+        pytest.skip(f"network namespaces need root, ip and nft: {exc}")
+    yield running
+    running.stop()
+
+
+@dataclass
+class Figures:
+    """One row of the table."""
+
+    case: str
+    sent: int = 0
+    failed: int = 0
+    wrong: int = 0
+    streams: int = 0
+    streams_broken: int = 0
+    streams_hung: int = 0
+    violations: int = 0
+    detect_s: float = 0.0
+    heal_s: float = 0.0
+    errors: tuple[str, ...] = ()
+
+    def row(self) -> str:
+        return (f"| {self.case} | {self.sent} | {self.failed} | {self.wrong} | {self.streams} | "
+                f"{self.streams_broken} ({self.streams_hung} hung) | {self.violations} | "
+                f"{self.detect_s:.2f} s | {self.heal_s:.2f} s |")  # fmt: skip
+
+
+Step = Callable[[Topology], Awaitable[None]]
+
+
+async def run_case(
+    topology: Topology, case: str, cuts: list[tuple[str, str, bool]], *,
+    detect: Step, hold_s: float, healed: Step, majority: str, cleanup: Step | None = None,
+) -> Figures:  # fmt: skip
+    """Load, cut, wait for ``detect``, hold the partition ``hold_s`` from the cut, heal,
+    wait for ``healed``; the checker reads etcd through the member on ``majority``."""
+    await whole(topology)
+    stop = asyncio.Event()
+    loads = [Load(f.url, MODELS, stop=stop) for f in topology.frontends]
+    streams = [Streams(f.url, model) for f, model in zip(topology.frontends, ADAPTERS, strict=True)]
+    etcd = await connect_etcd(topology.endpoints(majority))
+    checker = CardChecker(
+        etcd, topology.namespace, [w.url for w in topology.all_workers], set(ADAPTERS)
+    )
+    running = asyncio.gather(
+        *(load.run(CLIENTS_PER_FRONTEND) for load in loads),
+        *(stream.run(stop, clients=1) for stream in streams), checker.run(stop),
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(WARM_UP_S)
+        for a, b, one_way in cuts:
+            topology.network.cut(a, b, one_way=one_way)
+        cut_at = time.monotonic()
+        async with asyncio.timeout(CASE_TIMEOUT_S):
+            await detect(topology)
+        detect_s = time.monotonic() - cut_at
+        await asyncio.sleep(max(0.0, hold_s - detect_s))  # the partition's length
+        topology.network.heal()
+        healed_at = time.monotonic()
+        async with asyncio.timeout(CASE_TIMEOUT_S):
+            await healed(topology)
+        heal_s = time.monotonic() - healed_at
+        if cleanup is not None:
+            await cleanup(topology)
+        await asyncio.sleep(WARM_UP_S)
+    finally:
+        topology.network.heal()
+        stop.set()
+        await running
+        await etcd.close()
+    return Figures(
+        case, sum(x.sent for x in loads), sum(x.failed for x in loads),
+        sum(x.wrong for x in loads) + sum(x.wrong for x in streams),
+        sum(x.sent for x in streams), sum(x.broken for x in streams),
+        sum(x.hung for x in streams), len(checker.violations), detect_s, heal_s,
+        tuple([e for x in [*loads, *streams] for e in x.errors][:3] + checker.violations[:3]),
+    )  # fmt: skip
+
+
+async def whole(topology: Topology) -> None:
+    """Wait until every worker is healthy with all its records, and both frontends list
+    every model (and no probe)."""
+    async with asyncio.timeout(START_TIMEOUT_S):
+        await workers_published(topology, WORKER_HOSTS)
+        for frontend in topology.frontends:
+            await wait_for_models(frontend, set(MODELS))
+
+
+async def workers_published(topology: Topology, hosts: tuple[str, ...]) -> None:
+    """Wait until every worker on ``hosts`` holds its lease and its three records are in
+    etcd (instance, base card, adapter card)."""
+    etcd = await connect_etcd(topology.endpoints("etcd-b", "etcd-c"))
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            for host in hosts:
+                for worker in topology.workers[host]:
+                    while True:
+                        view = await worker_view(client, worker.url)
+                        keys = await keys_of(etcd, topology.namespace, view.instance)
+                        if view.lease_held and len(keys) == 3:
+                            break
+                        await asyncio.sleep(0.05)
+    finally:
+        await etcd.close()
+
+
+async def workers_say_lease_expired(topology: Topology, host: str) -> None:
+    async with httpx.AsyncClient(timeout=10) as client:
+        for worker in topology.workers[host]:
+            while (await client.get(f"{worker.url}/health")).status_code != 503:
+                await asyncio.sleep(0.05)
+
+
+async def probe_seen(topology: Topology, tmp_path: Path) -> None:
+    """Load ``PROBE`` on a worker of ``workers-2`` and wait until both frontends list it."""
+    uri = f"file://{make_adapter_dir(tmp_path / 'probe', PROBE)}"
+    async with httpx.AsyncClient(timeout=CASE_TIMEOUT_S) as client:
+        body = {"lora_name": PROBE, "source": {"uri": uri}}
+        loaded = await client.post(f"{probe_worker(topology)}/engine/update/load_lora", json=body)
+        assert loaded.status_code == 200, loaded.text
+    for frontend in topology.frontends:
+        await wait_for_models(frontend, {*MODELS, PROBE}, CASE_TIMEOUT_S)
+
+
+async def probe_gone(topology: Topology) -> None:
+    """Unload ``PROBE`` and wait until no frontend lists it."""
+    async with httpx.AsyncClient(timeout=CASE_TIMEOUT_S) as client:
+        body = {"lora_name": PROBE}
+        unloaded = await client.post(f"{probe_worker(topology)}/engine/update/unload_lora",
+                                     json=body)  # fmt: skip
+        assert unloaded.status_code == 200, unloaded.text
+    for frontend in topology.frontends:
+        await wait_for_models(frontend, set(MODELS), CASE_TIMEOUT_S)
+
+
+def probe_worker(topology: Topology) -> str:
+    return topology.workers["workers-2"][0].url
+
+
+async def test_workers_with_the_etcd_minority_leave_and_come_back(topology: Topology) -> None:
+    """workers-1 and etcd-c parted from etcd-a and etcd-b (Jepsen's minority partition)."""
+    cuts = [("etcd-c", "etcd-a", False), ("etcd-c", "etcd-b", False),
+            ("workers-1", "etcd-a", False), ("workers-1", "etcd-b", False)]  # fmt: skip
+    figures = await run_case(
+        topology, "workers-1 with the etcd minority", cuts,
+        detect=lambda t: workers_say_lease_expired(t, "workers-1"), hold_s=15.0,
+        healed=lambda t: workers_published(t, ("workers-1",)), majority="etcd-a",
+    )  # fmt: skip
+    print(figures.row(), figures.errors)
+    assert (figures.failed, figures.wrong, figures.streams_broken, figures.violations) == (
+        0, 0, 0, 0,
+    ), figures  # fmt: skip
+
+
+async def test_an_etcd_member_in_the_minority_is_left_by_every_client(
+    topology: Topology, tmp_path: Path
+) -> None:
+    """etcd-a, which every client lists first, parted from etcd-b and etcd-c; meanwhile an
+    adapter is loaded, which both frontends must list (they follow etcd's majority)."""
+    cuts = [("etcd-a", "etcd-b", False), ("etcd-a", "etcd-c", False)]
+    figures = await run_case(
+        topology, "etcd-a in the minority", cuts,
+        detect=lambda t: probe_seen(t, tmp_path), hold_s=15.0, healed=member_rejoined,
+        majority="etcd-b", cleanup=probe_gone,
+    )  # fmt: skip
+    print(figures.row(), figures.errors)
+    assert (figures.failed, figures.wrong, figures.streams_broken, figures.violations) == (
+        0, 0, 0, 0,
+    ), figures  # fmt: skip
+    assert lease_losses(topology) == 0
+
+
+async def test_an_etcd_member_that_cannot_send_to_the_others_is_left_too(
+    topology: Topology, tmp_path: Path
+) -> None:
+    """One way: etcd-a's packets to etcd-b and etcd-c are lost; theirs reach it."""
+    cuts = [("etcd-a", "etcd-b", True), ("etcd-a", "etcd-c", True)]
+    figures = await run_case(
+        topology, "etcd-a cannot send to the others (one way)", cuts,
+        detect=lambda t: probe_seen(t, tmp_path), hold_s=15.0, healed=member_rejoined,
+        majority="etcd-b", cleanup=probe_gone,
+    )  # fmt: skip
+    print(figures.row(), figures.errors)
+    assert (figures.failed, figures.wrong, figures.streams_broken, figures.violations) == (
+        0, 0, 0, 0,
+    ), figures  # fmt: skip
+    assert lease_losses(topology) == 0
+
+
+async def member_rejoined(topology: Topology) -> None:
+    """Wait until etcd-a says it is healthy again: it has a leader and is caught up."""
+    member = topology.member("etcd-a")
+    async with httpx.AsyncClient(timeout=2) as client:
+        while True:
+            try:
+                health = await client.get(f"{member.health_url}/health")
+                if health.json().get("health") == "true":
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.05)
+
+
+def lease_losses(topology: Topology) -> int:
+    """How often a worker of ``workers-2`` (never cut) lost its lease: it should never."""
+    return sum(w.log_text().count("lease re-granted") for w in topology.workers["workers-2"])
