@@ -74,7 +74,7 @@ class Topology:
     def endpoints(self, *first: str) -> str:
         """``ETCD_ENDPOINTS`` listing the members on hosts ``first`` first, then the others."""
         order = [*first, *(host for host in ETCD_HOSTS if host not in first)]
-        return ",".join(_etcd_url(self.network[host]) for host in order)
+        return ",".join(etcd_url(self.network[host]) for host in order)
 
     def member(self, host: str) -> LocalServer:
         """The etcd member on ``host``."""
@@ -123,18 +123,32 @@ async def wait_for_models(
 
 def _start_servers(topology: Topology, tmp_path: Path) -> None:
     network = topology.network
-    peers = ",".join(f"{h}=http://{network[h].address}:{_ETCD_PEER_PORT}" for h in ETCD_HOSTS)
-    for host in ETCD_HOSTS:
-        topology.etcd.members.append(_launch_etcd(network[host], peers, tmp_path / host))
+    topology.etcd.members += start_etcd_members(network, ETCD_HOSTS, tmp_path).members
     routes = ",".join(f"nats://{network[h].address}:{_NATS_ROUTE_PORT}" for h in NATS_HOSTS)
     for host in NATS_HOSTS:
         topology.nats.append(_launch_nats(network[host], routes, tmp_path / host))
-    _wait_for(lambda: all(_etcd_healthy(m) for m in topology.etcd.members), "etcd members")
     _wait_for(lambda: all(_nats_routed(network[h]) for h in NATS_HOSTS), "NATS routes")
 
 
+def start_etcd_members(network: Network, hosts: tuple[str, ...], tmp_path: Path) -> EtcdCluster:
+    """One etcd member on each of ``hosts``, in one cluster; returns once all are healthy."""
+    peers = ",".join(f"{h}=http://{network[h].address}:{_ETCD_PEER_PORT}" for h in hosts)
+    cluster = EtcdCluster([_launch_etcd(network[h], peers, tmp_path / h) for h in hosts])
+    try:
+        _wait_for(lambda: all(_etcd_healthy(m) for m in cluster.members), "etcd members")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def etcd_url(host: Host) -> str:
+    """The client URL of the etcd member on ``host``."""
+    return f"http://{host.address}:{_ETCD_CLIENT_PORT}"
+
+
 def _launch_etcd(host: Host, peers: str, data_dir: Path) -> LocalServer:
-    url = _etcd_url(host)
+    url = etcd_url(host)
     peer = f"http://{host.address}:{_ETCD_PEER_PORT}"
     args = host.argv(
         str(find_binary("etcd")), f"--name={host.name}", f"--data-dir={data_dir / 'data'}",
@@ -157,11 +171,8 @@ def _launch_nats(host: Host, routes: str, data_dir: Path) -> LocalServer:
 
 
 def nats_url(host: Host) -> str:
+    """The client URL of the NATS server on ``host``."""
     return f"nats://{host.address}:{_NATS_PORT}"
-
-
-def _etcd_url(host: Host) -> str:
-    return f"http://{host.address}:{_ETCD_CLIENT_PORT}"
 
 
 async def _start_workers(topology: Topology, tmp_path: Path) -> None:
@@ -226,6 +237,16 @@ def _etcd_healthy(member: LocalServer) -> bool:
     ):
         return b'"true"' in reply.read()
     return False
+
+
+def has_leader(member: LocalServer) -> bool:
+    """Whether ``member`` says it follows (or is) a leader; True if it does not answer."""
+    with (
+        contextlib.suppress(OSError),
+        urllib.request.urlopen(f"{member.health_url}/metrics", timeout=1) as reply,
+    ):
+        return b"\netcd_server_has_leader 1" in reply.read()
+    return True
 
 
 def _nats_routed(host: Host) -> bool:
