@@ -167,11 +167,17 @@ async def workers_say_lease_expired(topology: Topology, host: str) -> None:
 
 
 async def probe_seen(topology: Topology, tmp_path: Path) -> None:
-    """Load ``PROBE`` on a worker of ``workers-2`` and wait until both frontends list it."""
+    """Load ``PROBE`` on a worker of ``workers-2`` and wait until both frontends list it.
+
+    The load is retried while it answers 503, as an operator's client would: its publish
+    may meet the lost member first (one call timeout, then the client moves on).
+    """
     uri = f"file://{make_adapter_dir(tmp_path / 'probe', PROBE)}"
     async with httpx.AsyncClient(timeout=CASE_TIMEOUT_S) as client:
         body = {"lora_name": PROBE, "source": {"uri": uri}}
-        loaded = await client.post(f"{probe_worker(topology)}/engine/update/load_lora", json=body)
+        url = f"{probe_worker(topology)}/engine/update/load_lora"
+        while (loaded := await client.post(url, json=body)).status_code == 503:
+            print(f"probe load refused, retrying: {loaded.json()['message'][-120:]}")
         assert loaded.status_code == 200, loaded.text
     for frontend in topology.frontends:
         await wait_for_models(frontend, {*MODELS, PROBE}, CASE_TIMEOUT_S)
