@@ -106,7 +106,10 @@ class Network:
     @classmethod
     def create(cls, names: list[str]) -> Network:
         """Hosts ``names`` at 10.28.N.2, .3, ... (N random) on a fresh switch."""
+        in_use = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
         tag = secrets.token_hex(3)
+        while f"10.28.{int(tag[:2], 16)}." in in_use:  # another test's network (parallel runs)
+            tag = secrets.token_hex(3)
         network = cls(tag, f"10.28.{int(tag[:2], 16)}", names)
         try:
             network._build()
