@@ -67,8 +67,8 @@ class Streams:
                     text += "".join(c.delta.content or "" for c in chunk.choices)
             except openai.APITimeoutError:
                 self.hung += 1
-            except openai.OpenAIError as exc:
-                self.errors.append(f"stream of {self.model}: {exc}")
+            except (openai.OpenAIError, httpx.TransportError) as exc:  # the latter mid-stream
+                self.errors.append(f"stream of {self.model}: {exc!r}")
             self.broken += not finished
             self.wrong += not names_only(text, self.model)
 
@@ -90,7 +90,8 @@ class CardChecker:
     is wrong if its worker held its adapter neither time; an adapter of ``published``
     (loaded before the checks began, so published) is missing if the worker held it and
     its lease both times, yet etcd has no card for it. A sample whose listing fails (the
-    checker's own etcd member cut off) is skipped.
+    checker's own etcd member cut off) is skipped, as is one that a worker's status
+    server did not answer (counted in ``unanswered``).
     """
 
     etcd: EtcdClient
@@ -99,11 +100,15 @@ class CardChecker:
     published: set[str]
     violations: list[str] = field(default_factory=list)
     samples: int = 0
+    unanswered: int = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         async with httpx.AsyncClient(timeout=10) as client:
             while not stop.is_set():
-                await self.sample(client)
+                try:
+                    await self.sample(client)
+                except httpx.TransportError:  # e.g. a keep-alive connection closed under us
+                    self.unanswered += 1
                 await asyncio.sleep(SAMPLE_INTERVAL_S)
 
     async def sample(self, client: httpx.AsyncClient) -> None:

@@ -93,11 +93,16 @@ class Topology:
         self.network.delete()
 
 
-async def start_topology(tmp_path: Path, namespace: str) -> Topology:
-    """Build the network, start every server and process, and wait until both frontends
-    list every model. Every client lists ``etcd-a`` first (gRPC stays on it while it
-    answers), so that a fault of that member reaches every one of them."""
-    network = Network.create([*ETCD_HOSTS, *NATS_HOSTS, FRONTENDS, *WORKER_HOSTS])
+def create_network() -> Network:
+    """The hosts of the cluster on one switch (raises ``OSError`` without root, ip, nft)."""
+    return Network.create([*ETCD_HOSTS, *NATS_HOSTS, FRONTENDS, *WORKER_HOSTS])
+
+
+async def start_topology(network: Network, tmp_path: Path, namespace: str) -> Topology:
+    """Start every server and process on ``network`` (from ``create_network``), and wait
+    until both frontends list every model; on failure, stop them and delete the network.
+    Every client lists ``etcd-a`` first (gRPC stays on it while it answers), so that a
+    fault of that member reaches every one of them."""
     topology = Topology(network, EtcdCluster([]), [], [], {h: [] for h in WORKER_HOSTS}, namespace)
     try:
         await asyncio.to_thread(_start_servers, topology, tmp_path)
