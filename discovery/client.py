@@ -65,6 +65,11 @@ _TRANSIENT_TLS_TEXT: Final = "endpoint closing"
 """A handshake cut off by a closing socket (a loaded or starting etcd): worth retrying."""
 _STALE_TOKEN_TEXT: Final = "invalid auth token"
 _NO_MEMBER_TEXT: Final = "failed to connect to all addresses"
+_NO_LEADER_TEXT: Final = "no leader"
+REQUIRE_LEADER: Final = (("hasleader", "true"),)
+"""Sent with every watch (etcd's ``WithRequireLeader``): a member cut off from the others
+(in the minority of a partition) ends the watch with "no leader" within about three
+election timeouts, rather than keep it open with no events while it still answers pings."""
 _OPENSSL_REASON: Final = re.compile(r"OPENSSL_internal:(.+?)(?:: OK)?$")
 
 
@@ -141,7 +146,9 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
+        self._watcher = watcher.Watcher(
+            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=REQUIRE_LEADER
+        )
         self._connected.set()
 
     async def close(self) -> None:
@@ -170,6 +177,10 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         A task cancelled during the call stays cancelled: gRPC sometimes reports a call
         cancelled under it as failed (UNAVAILABLE while etcd is down), and a retry loop
         that took that for an etcd error never ended (CI hung in ``LeaseKeeper.aclose``).
+        The other way round, a call whose channel was closed under it (a re-open retired
+        it) raises ``CancelledError`` in a task nobody cancelled: that is a failed call.
+        Let through, it ended the lease keeper's and the watches' loops for good, and a
+        worker parted from etcd's majority never published itself again (issue 27).
         """
         task = asyncio.current_task()
         cancels_before = task.cancelling() if task is not None else 0
@@ -178,6 +189,10 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
         except (TimeoutError, aetcd.ClientError, grpc.RpcError, OSError) as exc:
             if task is not None and task.cancelling() > cancels_before:
                 raise asyncio.CancelledError from exc
+            raise self._translate(exc, operation, key) from exc
+        except asyncio.CancelledError as exc:
+            if task is None or task.cancelling() > cancels_before:
+                raise
             raise self._translate(exc, operation, key) from exc
 
     def _translate(self, exc: BaseException, operation: str, key: str) -> EtcdUnavailableError:
@@ -191,9 +206,12 @@ class EtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd ships no types: i
             self._tokens.forget()  # etcd restarted or the token idled out: log in again
         if _NO_MEMBER_TEXT in reason:
             self._no_member_answers = True  # the next call may look the names up again
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED and len(self.settings.endpoints) > 1:
-            # The member in use may be stalled (it still accepts connections, so gRPC
-            # stays with it): the next call starts from the next member.
+        if len(self.settings.endpoints) > 1 and (
+            code is grpc.StatusCode.DEADLINE_EXCEEDED or _NO_LEADER_TEXT in reason
+        ):
+            # The member in use may be stalled or cut off from the others (it still
+            # accepts connections, so gRPC stays with it): the next call starts from the
+            # next member.
             self._member_stalled = True
         return EtcdUnavailableError(
             endpoint=self.endpoint, operation=operation, key=key, reason=reason
@@ -287,6 +305,8 @@ async def connect_etcd(
 
 def _status(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
     """The gRPC status code (when there is one) and a one-line reason."""
+    if isinstance(exc, asyncio.CancelledError):
+        return None, "call cancelled: its channel was closed (the client moved to another member)"
     rpc_error = next((e for e in (exc, exc.__cause__) if isinstance(e, grpc.aio.AioRpcError)), None)
     if rpc_error is not None:
         return rpc_error.code(), _one_line(rpc_error.details() or rpc_error.code().name)

@@ -14,6 +14,7 @@ from typing import Final, Generic, TypeAlias, TypeVar
 
 import msgspec
 import structlog
+from aetcd.rtypes import Event
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.process.backoff import backoff_s
@@ -165,15 +166,19 @@ class WatchCache(Generic[T]):
             )
         self.in_sync = True  # the watch replays every change since the last one applied
         try:
-            async for event in watch:
-                key = event.kv.key.decode()
-                value = self._decode_or_none(key, event.kv.value) if event.kind == "PUT" else None
-                self._apply(key, value)
-                self.revision = max(self.revision, event.kv.mod_revision)
-                await self._notify()
+            with self._etcd.errors("watch", self.prefix):  # "no leader": leave that member
+                async for event in watch:
+                    await self._on_event(event)
         finally:
             await asyncio.shield(watch.cancel())
         raise ConnectionError("watch stream ended")
+
+    async def _on_event(self, event: Event) -> None:
+        key = event.kv.key.decode()
+        value = self._decode_or_none(key, event.kv.value) if event.kind == "PUT" else None
+        self._apply(key, value)
+        self.revision = max(self.revision, event.kv.mod_revision)
+        await self._notify()
 
     async def _relist_quietly(self) -> bool:
         """Re-list; False (logged at debug only) while etcd is still away: the loop retries."""

@@ -49,6 +49,8 @@ class ServiceProcess:
     port: int
     log_path: Path | None
     env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    """The address its HTTP server listens on (another host's, in a network namespace)."""
 
     @property
     def pid(self) -> int:
@@ -58,7 +60,7 @@ class ServiceProcess:
     @property
     def url(self) -> str:
         """Base URL of its HTTP server (frontend API or worker status server)."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, object]:
         """Poll ``/health`` until 200 and return its JSON; raise with the log's tail otherwise."""
@@ -109,13 +111,14 @@ class ServiceProcess:
 
 
 def worker_argv(
-    *, port: int, model: str, engine: str | None = None, args: Iterable[str] = ()
-) -> list[str]:
-    """``python -m lorafleet.worker`` serving ``model``, its status server on 127.0.0.1:``port``."""
+    *, port: int, model: str, engine: str | None = None, host: str = "127.0.0.1",
+    args: Iterable[str] = (),
+) -> list[str]:  # fmt: skip
+    """``python -m lorafleet.worker`` serving ``model``, its status server on ``host``:``port``."""
     engine_args = [] if engine is None else ["--engine", engine]
     return [
         sys.executable, "-m", "lorafleet.worker", *engine_args, "--model", model,
-        "--system-host", "127.0.0.1", "--system-port", str(port), *args,
+        "--system-host", host, "--system-port", str(port), *args,
     ]  # fmt: skip
 
 
@@ -128,9 +131,11 @@ def frontend_argv(
 
 
 def spawn_service(
-    name: str, argv: list[str], port: int, *, env: dict[str, str], log_path: Path | None
-) -> ServiceProcess:
+    name: str, argv: list[str], port: int, *, env: dict[str, str], log_path: Path | None,
+    host: str = "127.0.0.1",
+) -> ServiceProcess:  # fmt: skip
     """Start ``argv`` with ``env`` over ours; output to ``log_path``, or echoed when None.
+    ``host`` is where its HTTP server listens.
 
     The child gets its own session, so a Ctrl-C in the terminal reaches only
     us and we stop our children in order.
@@ -144,7 +149,7 @@ def spawn_service(
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as log:
             process = _popen(argv, full_env, log)
-    return ServiceProcess(name, process, port, log_path, env)
+    return ServiceProcess(name, process, port, log_path, env, host)
 
 
 def stop_services(services: Iterable[ServiceProcess], timeout_s: float = STOP_TIMEOUT_S) -> None:

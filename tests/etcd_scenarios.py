@@ -111,13 +111,18 @@ async def etcd_outage(
 
 @dataclass
 class Load:
-    """Closed-loop non-streaming chats through the frontend, counted until ``stop``."""
+    """Closed-loop non-streaming chats through the frontend, counted until ``stop``.
+
+    Client ``i`` asks for ``models[i % len(models)]``.
+    """
 
     frontend_url: str
+    models: tuple[str, ...] = (MODEL, ADAPTER)
     sent: int = 0
     failed: int = 0
     wrong: int = 0
-    """Answers that came back for another model than the one asked for."""
+    """Answers that came back for another model than the one asked for: the field says
+    so, or the text does (the mocker's text names the model that made it)."""
     errors: list[str] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -130,7 +135,7 @@ class Load:
             await asyncio.gather(*(self._loop(client, i) for i in range(clients)))
 
     async def _loop(self, client: openai.AsyncOpenAI, index: int) -> None:
-        model = (MODEL, ADAPTER)[index % 2]
+        model = self.models[index % len(self.models)]
         while not self.stop.is_set():
             self.sent += 1
             try:
@@ -141,9 +146,15 @@ class Load:
                 self.failed += 1
                 self.errors.append(f"{model}: {exc}")
                 continue
-            if answer.model != model:
+            text = answer.choices[0].message.content or ""
+            if answer.model != model or not names_only(text, model):
                 self.wrong += 1
-                self.errors.append(f"{model}: answered as {answer.model}")
+                self.errors.append(f"{model}: answered as {answer.model}: {text[:60]!r}")
+
+
+def names_only(text: str, model: str) -> bool:
+    """Whether every token of a mocker's ``text`` was made by ``model`` (``pirate:0 ...``)."""
+    return all(token.rsplit(":", 1)[0] == model for token in text.split())
 
 
 async def records(etcd: EtcdClient, namespace: str) -> dict[str, int]:

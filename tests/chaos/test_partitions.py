@@ -19,15 +19,14 @@ import time
 from pathlib import Path
 
 import httpx
-import openai
 
 from lorafleet.discovery.client import EtcdClient, connect_etcd
 from lorafleet.discovery.errors import EtcdUnavailableError
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.launch.etcd_cluster import start_etcd_cluster
-from lorafleet.proto.discovery import decode_card
 from tests.etcd_scenarios import ADAPTER, LORA_ENV, MODEL, Load, listed_models
 from tests.faults import TcpProxy
+from tests.invariants import CardChecker, Streams, keys_of
 from tests.processes import ServiceProcess, start_frontend, start_worker
 from tests.worker.adapters import make_adapter_dir
 
@@ -82,12 +81,11 @@ async def _cut_under_load(
     proxy: TcpProxy, worker: ServiceProcess, frontend: ServiceProcess, etcd, namespace: str
 ) -> dict[str, object]:
     load = Load(frontend.url)
-    streams = Streams()
-    violations: list[str] = []
+    streams = Streams(frontend.url)
+    checker = CardChecker(etcd, namespace, [worker.url], {ADAPTER})
     async with httpx.AsyncClient(base_url=worker.url, timeout=10) as client:
         instance = (await client.get("/health")).json()["instance_id"]
-        running = asyncio.gather(load.run(CLIENTS), streams.run(frontend.url, load.stop))
-        checker = asyncio.create_task(_check_cards(client, etcd, namespace, instance, violations))
+        running = asyncio.gather(load.run(CLIENTS), streams.run(load.stop), checker.run(load.stop))
         proxy.cut()
         cut_at = time.monotonic()
         while (await client.get("/health")).status_code != 503:
@@ -97,76 +95,19 @@ async def _cut_under_load(
         sent_during_cut = load.sent
         proxy.restore()
         restored_at = time.monotonic()
-        while len(await _keys_of(etcd, namespace, instance)) < 3:  # instance, base, adapter
+        while len(await keys_of(etcd, namespace, instance)) < 3:  # instance, base, adapter
             await asyncio.sleep(0.05)
         heal_s = time.monotonic() - restored_at
         await asyncio.sleep(1)  # load after the heal, then stop
         load.stop.set()
         await running
-        checker.cancel()
-        await asyncio.gather(checker, return_exceptions=True)
+    violations = checker.violations
     return {
         "sent": load.sent, "sent_before_heal": sent_during_cut, "failed": load.failed,
         "wrong": load.wrong, "streams": streams.sent, "streams_broken": streams.broken,
         "violations": len(violations), "detect_s": round(detect_s, 2),
         "heal_s": round(heal_s, 2), "errors": (load.errors + violations)[:3],
     }  # fmt: skip
-
-
-class Streams:
-    """Streamed chats of ``pirate`` in a closed loop; one that errs or ends without a
-    finish reason is broken."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self.broken = 0
-
-    async def run(self, frontend_url: str, stop: asyncio.Event, clients: int = 2) -> None:
-        client = openai.AsyncOpenAI(
-            base_url=f"{frontend_url}/v1", api_key="unused", max_retries=0, timeout=30
-        )
-        async with client:
-            await asyncio.gather(*(self._loop(client, stop) for _ in range(clients)))
-
-    async def _loop(self, client: openai.AsyncOpenAI, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self.sent += 1
-            finished = False
-            try:
-                stream = await client.chat.completions.create(
-                    model=ADAPTER, messages=[{"role": "user", "content": "hi"}],
-                    max_tokens=16, stream=True,
-                )  # fmt: skip
-                async for chunk in stream:
-                    finished = finished or any(c.finish_reason for c in chunk.choices)
-            except openai.OpenAIError:
-                pass
-            self.broken += not finished
-
-
-async def _check_cards(
-    client: httpx.AsyncClient, etcd, namespace: str, instance: str, violations: list[str]
-) -> None:
-    """No card of the worker may name an adapter it does not hold (sampled every 50 ms)."""
-    while True:
-        held = set((await client.post("/engine/update/list_loras", json={})).json()["loras"])
-        for key in await _keys_of(etcd, namespace, instance):
-            record = await etcd.get(key.encode()) if key.startswith("v1/mdc/") else None
-            if record is not None:
-                card = decode_card(record.value)
-                if card.lora is not None and card.lora.name not in held:
-                    violations.append(f"card {key} for {card.lora.name}, held: {held}")
-        await asyncio.sleep(0.05)
-
-
-async def _keys_of(etcd, namespace: str, instance: str) -> list[str]:
-    keys = []
-    for root in ("v1/instances/", "v1/mdc/"):
-        for kv in await etcd.get_prefix(f"{root}{namespace}/".encode()):
-            key = kv.key.decode()
-            if key.endswith(f"/{instance}") or f"/{instance}/" in key:
-                keys.append(key)
-    return keys
 
 
 async def test_frontend_cut_from_etcd_serves_its_last_view_and_catches_up_fast(
