@@ -37,8 +37,9 @@ from tests.worker.streaming import stream
 MOCKER_TOKENS = 12
 """Tokens of the mocker's slow request: at 0.25 s each it runs for 3 s, far longer than
 retracting a card takes, and each token is far apart from the next."""
-HF_TOKENS = 480
-"""Tokens of the hf request: the most the demo model's 512 positions leave room for."""
+HF_TOKENS = 200
+"""Tokens of the hf request: about 2.5 s on a busy 2-core machine, well within the default
+drain (30 s) and far longer than retracting a card takes."""
 
 
 class Running:
@@ -205,7 +206,7 @@ async def test_mocker_swap_ends_an_old_version_request_outlasting_the_drain(
 async def test_hf_unload_lets_a_running_request_finish_then_answers(
     lora_worker, demo: DemoModelPaths, etcd, nc, namespace
 ) -> None:
-    worker = lora_worker(*HF_ARGS, "--lora-drain-timeout-s", "240", model=str(demo.base))
+    worker = lora_worker(*HF_ARGS, model=str(demo.base))  # the default drain
     async with httpx.AsyncClient(base_url=worker.url, timeout=300) as client:
         await _load(client, "pirate", demo.adapters["pirate"])
         subject = await _subject(etcd, namespace)
