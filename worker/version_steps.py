@@ -154,13 +154,19 @@ class VersionSteps:
             log.exception("old version not removed; it keeps its slot", adapter=old.name)
 
     async def remove_all(self, record: AdapterRecord) -> int:
-        """Retract the card, then drain and remove every version; the record keeps source and
-        digest. A failed removal publishes the card again. The requests that were ended."""
+        """Stop resolving requests to the adapter, retract its card, then drain and remove every
+        version; the record keeps source and digest. A failed removal publishes the card
+        again. The number of requests that were ended."""
         serving = record.serving
         assert serving is not None and serving.card is not None
-        if serving.phase is Phase.PUBLISHED:
-            await self._endpoint.unregister_model(serving.card)
-        serving.enter(Phase.DRAINING)
+        was = serving.phase
+        serving.enter(Phase.DRAINING)  # the worker resolves no new request to it from now on
+        try:
+            if was is Phase.PUBLISHED:
+                await self._endpoint.unregister_model(serving.card)
+        except BaseException:
+            serving.enter(was)  # its card stays (owned: put back if it went), and so does it
+            raise
         older = [v for v in record.versions if v.holds_slot and v is not serving]
         try:  # the serving version last: a failure leaves it there to publish again
             ended = await self.drain_and_remove(record, [*older, serving])

@@ -81,8 +81,15 @@ HF_ARGS = ("--engine", "hf", "--served-model-name", DEMO_MODEL_NAME)
 
 
 async def _subject(etcd, namespace: str) -> str:
-    (kv,) = list(await etcd.get_prefix(f"v1/instances/{namespace}/".encode()))
-    return decode_instance(kv.value).subject
+    """The worker's NATS subject, once its instance record is in etcd (a lease of 2 s on a
+    busy machine may lapse and be granted again: its records are then put back)."""
+    cache = await WatchCache.start(etcd, f"v1/instances/{namespace}/", decode_instance)
+    try:
+        await cache.wait_until(lambda instances: len(instances) == 1, 60)
+        (instance,) = cache.items.values()
+        return instance.subject
+    finally:
+        await cache.aclose()
 
 
 async def _load(client: httpx.AsyncClient, name: str, path: Path, **more: object) -> None:
