@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from lorafleet.proto.discovery import ModelDeploymentCard
-from lorafleet.proto.errors import NotFoundError
+from lorafleet.proto.errors import NotFoundError, UnavailableError
 from lorafleet.worker.base_model_check import BaseModelPolicy, hub_id
 from lorafleet.worker.engine import EngineRoute, LLMEngine, ModelEndpoint
 from lorafleet.worker.lora_controller import AdapterSource, LoraController
@@ -46,6 +46,7 @@ class AdapterEngine(LLMEngine):
                 source=self._adapter_source,
                 base_card=self.base_card(),
                 base_check=self.base_model_policy(),
+                drain_timeout_s=self.config.lora_drain_timeout_s,
             )
 
     def base_model_policy(self) -> BaseModelPolicy:
@@ -98,4 +99,20 @@ class AdapterEngine(LLMEngine):
 
     @abc.abstractmethod
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving the version keyed ``name`` (which the controller knows is loaded)."""
+        """Stop serving the version keyed ``name`` (which the controller knows is loaded) at
+        once, ending each request still running on it with :meth:`unloaded_error`.
+
+        The controller has drained it first (``VersionSteps.drain_and_remove``): an engine
+        never waits for its requests itself.
+        """
+
+    def unloaded_error(self, key: str, request_id: str) -> UnavailableError:
+        """The one error every engine ends a request with when the adapter version it runs
+        on (engine key ``key``) is removed under it: it outlasted the drain."""
+        name = key.partition("@")[0]
+        return UnavailableError(
+            f"adapter {name!r} was unloaded while request {request_id} was running: the "
+            f"request outlasted the {self.config.lora_drain_timeout_s:g} s its running requests "
+            "get to finish (DYN_LORA_DRAIN_TIMEOUT_S); send it again",
+            lora_name=name,
+        )

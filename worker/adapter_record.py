@@ -37,7 +37,9 @@ class Phase(enum.Enum):
     PUBLISHED = "published"
     """Its card is in etcd and new requests go to it."""
     DRAINING = "draining"
-    """A newer version took its requests; the ones it runs now finish before removal."""
+    """Leaving the engine (a newer version took its requests, or its card was retracted for
+    an unload or eviction): new requests no longer reach it, the ones it runs get up to the
+    drain timeout to finish before removal."""
     REMOVED = "removed"
     """Gone from the engine; its slot is free."""
 
@@ -75,9 +77,10 @@ class AdapterVersion:
     card: ModelDeploymentCard | None = None
     busy: int = 0
     """Requests running on this version now (``LoraController.track``, around the engine's
-    ``generate``): a busy version is never evicted, a draining one is removed at 0, and its
-    adapter is not idle. Per version, which the endpoint's count (per worker) cannot say;
-    without vLLM's request ids, which only ``AdapterTable`` holds (to abort leftovers)."""
+    ``generate``): the ledger of the one drain (a draining version is removed at 0, or at the
+    drain timeout), a busy version is never evicted, and its adapter is not idle. Per version,
+    which the endpoint's count (per worker) cannot say; without the engines' request ids,
+    which only ``AdapterTable`` holds (to end leftovers)."""
     warnings: list[str] = field(default_factory=list)
     """What fetching let through but the load's answer should say (base model mismatch)."""
 

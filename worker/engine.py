@@ -111,6 +111,13 @@ class EngineConfig(Settings):
         parse=comma_list, metavar="NAMES",
         help="more names of the base model that adapters may name, comma-separated",
     )  # fmt: skip
+    lora_drain_timeout_s: Annotated[float, NON_NEGATIVE] = setting(
+        30.0, flag="--lora-drain-timeout-s", env="DYN_LORA_DRAIN_TIMEOUT_S",
+        help="seconds an adapter version that leaves the engine (a swap's old version, an "
+        "unload, an eviction) lets its running requests finish; the rest end with an error",
+        more="New requests stop reaching it first; an unload answers once it is gone "
+        "([`docs/versions.md`](docs/versions.md)).",
+    )  # fmt: skip
     context_length: int = setting(
         2048, flag="--context-length", env="DYN_CONTEXT_LENGTH",
         help="tokens of prompt plus output",

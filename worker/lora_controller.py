@@ -1,17 +1,15 @@
 """The LoRA lifecycle, once for every engine: validate, lock, fetch, add, publish, swap, roll back.
 
-Invariant: a card is in etcd exactly when its adapter is loaded in the engine, and
-the card's digest is the digest of the version new requests go to. Load adds to the
-engine, then publishes; a failed publish removes it again. Unload retracts first,
-then removes; a failed removal publishes again. A load of a loaded name with other
-weights (``replace``, vLLM's ``load_inplace``, a changed source or changed files) is a
-make-before-break swap: the new version is added beside the old one, its card
-replaces the old card in one put, the old version drains and is removed
-(``worker.version_steps``); a failed step leaves the old version serving and names
-the step. The controller keeps one :class:`AdapterRecord` per name
-(``worker.adapter_record``) and owns the slots (``max_loras`` of the base card), the
-ids and eviction (``worker.eviction``). Engines supply only
-``add_adapter``/``remove_adapter`` under a version's key (``name@digest``).
+Invariant: a card is in etcd exactly when its adapter is loaded in the engine, and the card's
+digest is the digest of the version new requests go to. Load adds to the engine, then
+publishes; a failed publish removes it again. A load of a loaded name with other weights
+(``replace``, vLLM's ``load_inplace``, a changed source or changed files) is a make-before-break
+swap: the new version is added beside the old one and its card replaces the old card in one
+put; a failed step leaves the old version serving and names the step. A version leaves (a
+swap's old one, unload, eviction) one way, ``VersionSteps.drain_and_remove``: card replaced or
+retracted, drained, then removed; a failed removal publishes again. One :class:`AdapterRecord`
+per name (``worker.adapter_record``); the controller owns the slots (``max_loras``), ids and
+eviction (``worker.eviction``). Engines supply ``add_adapter``/``remove_adapter`` by version key.
 """
 
 from __future__ import annotations
@@ -86,7 +84,7 @@ class LoraController:
     Example::
 
         controller = LoraController(backend=engine, endpoint=endpoint, source=manager,
-                                    base_card=engine.base_card(), base_check=policy)
+                                    base_card=card, base_check=policy, drain_timeout_s=30)
         await controller.load(LoadLoraRequest(lora_name="pirate", source=LoraSource(uri=uri)))
     """
 
@@ -98,10 +96,11 @@ class LoraController:
         source: AdapterSource,
         base_card: ModelDeploymentCard,
         base_check: BaseModelPolicy,
+        drain_timeout_s: float,
     ) -> None:
         self._steps = VersionSteps(
             backend=backend, endpoint=endpoint, source=source, base_card=base_card,
-            base_check=base_check,
+            base_check=base_check, drain_timeout_s=drain_timeout_s,
         )  # fmt: skip
         self._endpoint = endpoint
         self._base_card = base_card
@@ -141,9 +140,9 @@ class LoraController:
 
     @contextlib.contextmanager
     def track(self, model: str) -> Iterator[None]:
-        """Count a request on the version serving ``model`` now (busy versions are never
-        removed while it runs, and a draining one waits for it); any request's start and end
-        changes the load record (``in_flight``, demand)."""
+        """Count a request on the version serving ``model`` now (a busy version is never
+        evicted, and one leaving the engine waits for it, up to the drain timeout); any
+        request's start and end changes the load record (``in_flight``, demand)."""
         record = self.records.get(model)
         version = record.serving if record is not None else None
         if record is not None and version is not None:
@@ -250,7 +249,7 @@ class LoraController:
                             warnings=[*warnings])  # fmt: skip
 
     async def unload(self, request: UnloadLoraRequest) -> LoraResponse:
-        """Retract and remove an adapter; on a failed removal the card is published again."""
+        """Retract, drain and remove an adapter, then answer; a failed removal publishes again."""
         name = validate_lora_name(request.lora_name, base_model=self._base_card.display_name)
         record = self.records.get(name)
         serving = record.serving if record is not None else None
@@ -262,11 +261,12 @@ class LoraController:
             with _counted("unload", name):
                 if record.serving is None or self.records.get(name) is not record:
                     raise NotFoundError(f"adapter {name!r} was unloaded meanwhile")
-                await self._steps.remove_all(record)
+                cut = await self._steps.remove_all(record)
             del self.records[name]
         self._observe_slots()
         self.on_change()
-        message = f"adapter {name!r} unloaded"
+        ended = f"{cut} request(s) outlasting the drain ended" if cut else "its requests finished"
+        message = f"adapter {name!r} unloaded once drained ({ended})"
         return LoraResponse(status="success", message=message, lora_name=name,
                             lora_id=serving.lora_id, digest=serving.digest)  # fmt: skip
 

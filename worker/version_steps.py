@@ -2,9 +2,17 @@
 
 fetch (resolve, digest, and the checks that need the files: the expected digest and the
 base model, so the engine never reads a refused adapter), add, publish (the one instant new
-requests switch to it), retire (drain, then remove), discard (undo a version that did not
-make it) and remove_all (unload). ``worker.lora_controller`` decides which steps run, under the
-record's lock and within the slots; this module does no bookkeeping of slots or names.
+requests switch to it), retire (a swap's old version leaves), discard (undo a version that did
+not make it) and remove_all (unload, eviction). ``worker.lora_controller`` decides which steps
+run, under the record's lock and within the slots; this module does no bookkeeping of slots or
+names.
+
+Every version that leaves the engine with requests possibly running on it leaves one way,
+:meth:`VersionSteps.drain_and_remove`: new requests already no longer reach it (its card was
+replaced or retracted, its phase is ``DRAINING``), its running requests (``busy``, the
+record's ledger) get up to the drain timeout (``--lora-drain-timeout-s``) to finish, then the
+engine removes it and ends what still runs with ``AdapterEngine.unloaded_error``. Engines do
+not drain on their own.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -28,12 +36,9 @@ from lorafleet.worker.engine import AdapterBackend, ModelEndpoint
 from lorafleet.worker.lora import redact_uri
 from lorafleet.worker.lora.digest import content_digest
 
-__all__ = ["AdapterSource", "DRAIN_TIMEOUT_S", "VersionSteps", "step"]
+__all__ = ["AdapterSource", "VersionSteps", "step"]
 
 log = structlog.get_logger(__name__)
-
-DRAIN_TIMEOUT_S: Final = 30.0
-"""A swap lets the old version's running requests finish this long before removing it."""
 
 
 class AdapterSource(Protocol):
@@ -64,15 +69,17 @@ class VersionSteps:
     Example::
 
         steps = VersionSteps(backend=engine, endpoint=endpoint, source=manager, base_card=card,
-                             base_check=policy)
+                             base_check=policy, drain_timeout_s=30.0)
         await steps.fetch(version); await steps.add(version); await steps.publish(record, version)
     """
 
     def __init__(
         self, *, backend: AdapterBackend, endpoint: ModelEndpoint, source: AdapterSource,
-        base_card: ModelDeploymentCard, base_check: BaseModelPolicy,
+        base_card: ModelDeploymentCard, base_check: BaseModelPolicy, drain_timeout_s: float,
     ) -> None:  # fmt: skip
         self.backend = backend
+        self.drain_timeout_s = drain_timeout_s
+        """How long a leaving version's running requests get to finish (one bound for all)."""
         self._endpoint = endpoint
         self.source = source
         self._base_card = base_card
@@ -141,42 +148,58 @@ class VersionSteps:
             record.forget(version)
 
     async def retire(self, record: AdapterRecord, old: AdapterVersion) -> None:
-        """Let the old version's requests finish (up to ``DRAIN_TIMEOUT_S``), then remove it."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while old.busy and (left_s := deadline - time.monotonic()) > 0:
+        """Remove a swap's old version (already ``DRAINING``: the new card took its requests)
+        once drained; a failed removal leaves it holding its slot, serving nothing."""
+        try:
+            await self.drain_and_remove(record, [old])
+        except Exception:
+            log.exception("old version not removed; it keeps its slot", adapter=old.name)
+
+    async def remove_all(self, record: AdapterRecord) -> int:
+        """Stop resolving requests to the adapter, retract its card, then drain and remove every
+        version; the record keeps source and digest. A failed removal publishes the card
+        again. The number of requests that were ended."""
+        serving = record.serving
+        assert serving is not None and serving.card is not None
+        was = serving.phase
+        serving.enter(Phase.DRAINING)  # the worker resolves no new request to it from now on
+        try:
+            if was is Phase.PUBLISHED:
+                await self._endpoint.unregister_model(serving.card)
+        except BaseException:
+            serving.enter(was)  # its card stays (owned: put back if it went), and so does it
+            raise
+        older = [v for v in record.versions if v.holds_slot and v is not serving]
+        try:  # the serving version last: a failure leaves it there to publish again
+            ended = await self.drain_and_remove(record, [*older, serving])
+        except BaseException as exc:
+            log.warning("removing adapter failed; publishing it again",
+                        adapter=record.name, error=str(exc))  # fmt: skip
+            await self.publish(record, serving)
+            raise
+        log.info("adapter unloaded", adapter=record.name, requests_ended=ended)
+        return ended
+
+    async def drain_and_remove(self, record: AdapterRecord, versions: list[AdapterVersion]) -> int:
+        """The one way a version that may have requests leaves: wait until its running requests
+        end, at most ``drain_timeout_s``, then have the engine remove it (ending those left
+        with an error naming the adapter). New requests must no longer reach it. The number of
+        requests still running when it was removed."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while any(v.busy for v in versions) and (left_s := deadline - time.monotonic()) > 0:
             self._finished.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._finished.wait(), left_s)
-        if old.busy:
-            log.warning("drain timed out; removing the old version under its requests",
-                        adapter=old.name, digest=old.digest, running=old.busy)  # fmt: skip
-        try:
-            await self.backend.remove_adapter(old.key)
-        except Exception:
-            log.exception("old version not removed; it keeps its slot", adapter=old.name)
-            return
-        self.source.release(old.uri)
-        record.forget(old)
-
-    async def remove_all(self, record: AdapterRecord) -> None:
-        """Retract the card, then remove every version; the record keeps source and digest.
-        A failed removal publishes the card again."""
-        serving = record.serving
-        assert serving is not None and serving.card is not None
-        if serving.phase is Phase.PUBLISHED:
-            await self._endpoint.unregister_model(serving.card)
-            serving.enter(Phase.LOADED)
-        for version in [v for v in record.versions if v.holds_slot]:
-            try:
-                await self.backend.remove_adapter(version.key)
-            except BaseException as exc:
-                log.warning("removing adapter failed; publishing it again",
-                            adapter=record.name, error=str(exc))  # fmt: skip
-                await self.publish(record, serving)
-                raise
+        ended = sum(version.busy for version in versions)
+        if ended:
+            log.warning("drain timed out; the adapter's running requests are ended",
+                        adapter=record.name, running=ended,
+                        drain_timeout_s=self.drain_timeout_s)  # fmt: skip
+        for version in versions:
+            await self.backend.remove_adapter(version.key)
             self.source.release(version.uri)
             record.forget(version)
-        log.info("adapter unloaded", adapter=record.name)
+        return ended
 
     def _card(self, version: AdapterVersion) -> ModelDeploymentCard:
         base, name = self._base_card, version.name

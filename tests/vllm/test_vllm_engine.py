@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lorafleet.launch.demo_model import DEMO_MODEL_NAME, EXPECTED, EXPECTED_PROMPT, DemoModelPaths
-from lorafleet.proto.errors import InvalidRequestError, NotFoundError
+from lorafleet.proto.errors import InvalidRequestError, NotFoundError, UnavailableError
 from lorafleet.proto.inference import GenerateRequest, SamplingParams
 from lorafleet.proto.naming import lora_id
 from tests.vllm.answers import answer, chat
@@ -114,6 +114,22 @@ async def test_removed_adapter_is_not_found_and_the_base_model_answers_as_before
         await answer(engine, chat("pirate-copy", EXPECTED_PROMPT))
     assert lora_id("pirate-copy") not in await engine.vllm_lora_ids()
     assert (await answer(engine, chat(DEMO_MODEL_NAME, EXPECTED_PROMPT))).text == EXPECTED["base"]
+
+
+async def test_a_request_still_running_on_a_removed_adapter_ends_with_the_unloaded_error(
+    engine: Any, demo: DemoModelPaths
+) -> None:
+    """The LoRA controller drains first; vLLM aborts what still runs when the adapter is
+    removed, and the stream ends with the error every engine gives (hf's and the mocker's)."""
+    await engine.add_adapter("cut-copy", lora_id("cut-copy"), demo.adapters["pirate"])
+    sampling = {"temperature": 2.0, "seed": 3, "max_tokens": 400}
+    stream = engine.generate(chat("cut-copy", "Sing forever.", **sampling))
+    await anext(stream)
+    await engine.remove_adapter("cut-copy")
+    with pytest.raises(UnavailableError, match=r"adapter 'cut-copy' was unloaded while request"):
+        async for _ in stream:
+            pass
+    assert engine.unfinished_requests() == 0
 
 
 async def test_adapter_without_files_is_an_invalid_request(engine: Any, tmp_path: Path) -> None:

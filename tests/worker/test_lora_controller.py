@@ -63,7 +63,8 @@ def _id(name: str) -> int:
 
 def _held(engine: MockerEngine) -> dict[str, int]:
     """The adapters the engine holds, by name (its keys are ``name@digest``)."""
-    return {key.partition("@")[0]: lora_int_id for key, lora_int_id in engine.adapters.items()}
+    held = engine.adapters.handles.values()
+    return {adapter.key.partition("@")[0]: adapter.lora_id for adapter in held}
 
 
 class PeakMocker(MockerEngine):
@@ -73,7 +74,7 @@ class PeakMocker(MockerEngine):
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         await super().add_adapter(name, lora_id, path)
-        self.peak = max(self.peak, len(self.adapters))
+        self.peak = max(self.peak, len(self.adapters.handles))
 
 
 @pytest.fixture

@@ -1,19 +1,17 @@
-"""The vllm engine's adapter handles by name, and the requests running on each name.
+"""An engine's adapter handles by key, and the requests running on each key, to end leftovers.
 
-Only what the engine needs to serve and drain: the bookkeeping (slots, ids,
-collisions) is ``worker.lora_controller``'s. Kept free of vLLM imports so the
-main test suite checks it.
+Only what an engine needs to serve and to end what still runs when the controller removes a
+version: the bookkeeping (slots, ids, collisions) and the drain are
+``worker.lora_controller``'s. Kept free of vLLM imports so the main test suite checks it.
 
-The running requests are vLLM's request ids (``{request_id}-{n}``, fresh per call so a
-migrated continuation never collides), by engine key: removing an adapter waits for them
-and then aborts the ones left, which needs the ids. The controller's ``AdapterVersion.busy``
-counts the same requests for its own rules (drain, eviction) but cannot hold these ids: it
-counts before the engine picks them, and mocker and hf have none.
+The running requests are the engine's own request ids (vLLM's ``{request_id}-{n}``, fresh
+per call so a migrated continuation never collides), by engine key. The controller's
+``AdapterVersion.busy`` counts the same requests for its own rules (drain, eviction) but
+cannot hold these ids: it counts before the engine picks them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Generic, TypeVar
@@ -24,41 +22,44 @@ H = TypeVar("H")
 
 
 class AdapterTable(Generic[H]):
-    """Handles (vLLM's ``LoRARequest``) by adapter name, and the requests running on each name.
+    """Handles (vLLM's ``LoRARequest``) by engine key, and the requests running on each key.
 
     Example::
 
-        table.handles["pirate"] = handle
-        async with table.tracked("pirate", "req-1"):
-            ...
-        still_running = await table.wait_idle("pirate", timeout_s=30)
+        table.handles["pirate@0a1b2c3d4e5f"] = handle
+        async with table.tracked("pirate@0a1b2c3d4e5f", "req-1-0"):
+            ...                                  # table.was_cut("req-1-0") after a removal
+        del table.handles["pirate@0a1b2c3d4e5f"]
+        for request_id in table.cut("pirate@0a1b2c3d4e5f"):
+            ...                                  # end it (vLLM: abort)
     """
 
     def __init__(self) -> None:
         self.handles: dict[str, H] = {}
-        self._inflight: dict[str, set[str]] = {}
-        self._changed = asyncio.Condition()
+        self._running: dict[str, set[str]] = {}
+        self._cut: set[str] = set()
 
     @contextlib.asynccontextmanager
-    async def tracked(self, model: str, request_id: str) -> AsyncIterator[None]:
-        """Count ``request_id`` as running on ``model`` for the block."""
-        self._inflight.setdefault(model, set()).add(request_id)
+    async def tracked(self, key: str, request_id: str) -> AsyncIterator[None]:
+        """Count ``request_id`` as running on ``key`` for the block."""
+        self._running.setdefault(key, set()).add(request_id)
         try:
             yield
         finally:
-            self._inflight[model].discard(request_id)
-            async with self._changed:
-                self._changed.notify_all()
+            self._running.get(key, set()).discard(request_id)
+            self._cut.discard(request_id)
 
-    def running(self, model: str) -> list[str]:
-        """Ids of the requests running on ``model`` now."""
-        return sorted(self._inflight.get(model, ()))
+    def running(self, key: str) -> list[str]:
+        """Ids of the requests running on ``key`` now."""
+        return sorted(self._running.get(key, ()))
 
-    async def wait_idle(self, model: str, timeout_s: float) -> list[str]:
-        """Wait up to ``timeout_s`` for ``model``'s requests to end; return those still running."""
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: not self._inflight.get(model)), timeout_s
-                )
-        return self.running(model)
+    def cut(self, key: str) -> list[str]:
+        """The ids of the requests still running on ``key``, marked as cut off from it: the
+        version was removed under them (they outlasted the drain)."""
+        cut = sorted(self._running.pop(key, ()))
+        self._cut.update(cut)
+        return cut
+
+    def was_cut(self, request_id: str) -> bool:
+        """Whether the version ``request_id`` runs on was removed under it."""
+        return request_id in self._cut

@@ -333,7 +333,8 @@ class HFEngine(AdapterEngine):
         )
 
     async def remove_adapter(self, name: str) -> None:
-        """Unload adapter ``name``; its requests still in flight end with an error."""
+        """Unload adapter ``name`` at once; its requests still in flight (the controller
+        drained it first) end with ``unloaded_error``."""
         adapter = self._adapters.pop(name)  # admits no new request for it from here on
         host, batch = self._host, self._batch
         assert host is not None and batch is not None
@@ -347,11 +348,7 @@ class HFEngine(AdapterEngine):
             return victims
 
         for request in await self._on_model_thread(drop_its_rows):
-            request.fail(
-                UnavailableError(
-                    f"adapter {name!r} was unloaded while request {request.request_id} was running"
-                )
-            )
+            request.fail(self.unloaded_error(name, request.request_id))
 
         try:
             await self._on_model_thread(lambda: host.remove_adapter(adapter.key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import re
 import time
@@ -31,8 +32,9 @@ from lorafleet.proto.inference import (
 from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.engine import EngineConfig, ModelEndpoint
+from lorafleet.worker.engines._adapter_table import AdapterTable
 
-__all__ = ["MockerEngine", "MockerOptions"]
+__all__ = ["MockAdapter", "MockerEngine", "MockerOptions"]
 
 UNLIKELY_LOGPROB: Final = -9999.0
 """OpenAI's stand-in for an impossible token's log probability (JSON has no -inf)."""
@@ -77,6 +79,14 @@ class MockerOptions:
         return cls(**{key: value for key, value in options.items() if key in known})
 
 
+@dataclass(frozen=True, kw_only=True)
+class MockAdapter:
+    """The mocker's handle of one adapter version: no weights, its key and id."""
+
+    key: str
+    lora_id: int
+
+
 class MockerEngine(AdapterEngine):
     """Streams ``{model}:{i}`` tokens for the base model and the adapters it was given."""
 
@@ -84,9 +94,10 @@ class MockerEngine(AdapterEngine):
         super().__init__(config)
         options = {"time_per_token_s": config.mocker_time_per_token_s, **config.options}
         self.options = MockerOptions.from_options(options)
-        self.adapters: dict[str, int] = {}
-        """Version key (``name@digest``) to ``lora_id``: the engine's handles (the controller
-        keeps the slots)."""
+        self.adapters: AdapterTable[MockAdapter] = AdapterTable()
+        """The engine's handles by version key (``name@digest``; the controller keeps the
+        slots), and the requests running on each, to end them on removal."""
+        self._ids = itertools.count()
         self.requests_by_model: dict[str, int] = {}
         """Requests seen per model that ``fail_generate`` matches (which of them fail)."""
         self.endpoint: ModelEndpoint | None = None
@@ -110,38 +121,42 @@ class MockerEngine(AdapterEngine):
         certain (log probability 0); penalties change nothing in synthetic text. Its answer
         ends after ``output_tokens`` as a model's ends at eos: ``ignore_eos`` goes on to
         ``max_tokens``, ``min_tokens`` to at least that many. ``logit_bias`` is refused: no
-        bias could change synthetic text.
+        bias could change synthetic text. A request whose adapter version is removed under
+        it ends at its next token with ``unloaded_error``.
         """
         if request.sampling.logit_bias:
             raise InvalidRequestError(
                 f"request {request.request_id}: logit_bias is not supported by the mocker "
                 "engine: its text is synthetic"
             )
-        handle = self.resolve(request.model, self.adapters)
+        handle = self.resolve(request.model, self.adapters.handles)
+        key = request.model if handle is None else handle.key
         self._maybe_fail(request.model)
-        answering = request.model
-        if self.options.name_version and handle is not None:
-            answering = next(key for key, held in self.adapters.items() if held == handle)
+        answering = key if self.options.name_version else request.model
         adapter = "" if request.model == self.config.model_name else request.model
         queued_at = time.perf_counter()
         async with self._running or contextlib.nullcontext():
             queued_s = time.perf_counter() - queued_at
             metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(queued_s)
-            async for chunk in self._tokens(request, answering):
+            async for chunk in self._tokens(request, key, answering):
                 yield chunk
 
     async def _tokens(
-        self, request: GenerateRequest, answering: str
+        self, request: GenerateRequest, key: str, answering: str
     ) -> AsyncIterator[TokenChunk | FinalChunk]:
-        """The answer's synthetic tokens, one per ``time_per_token_s``, then its final chunk."""
+        """The answer's synthetic tokens, one per ``time_per_token_s``, then its final chunk;
+        ``key``: the adapter version it runs on (or the base model)."""
         start = len(request.generated_ids)
         budget = max(0, min(request.sampling.max_tokens, self._natural_length(request) - start))
-        for index in range(start, start + budget):
-            await asyncio.sleep(self.options.time_per_token_s)
-            text = f"{answering}:{index} "
-            yield TokenChunk(
-                text=text, token_ids=[index], logprobs=_logprobs(text, request.sampling.logprobs)
-            )
+        run_id = f"{request.request_id}-{next(self._ids)}"
+        async with self.adapters.tracked(key, run_id):
+            for index in range(start, start + budget):
+                await asyncio.sleep(self.options.time_per_token_s)
+                if self.adapters.was_cut(run_id):
+                    raise self.unloaded_error(key, request.request_id)
+                text = f"{answering}:{index} "
+                logprobs = _logprobs(text, request.sampling.logprobs)
+                yield TokenChunk(text=text, token_ids=[index], logprobs=logprobs)
         finish: FinishReason = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
@@ -170,13 +185,14 @@ class MockerEngine(AdapterEngine):
         await asyncio.sleep(self.options.add_adapter_delay_s)
         if _matches(self.options.fail_add_adapter, name):
             raise UpstreamError(f"mocker: adding adapter {_name(name)!r} failed as configured")
-        self.adapters[name] = lora_id
+        self.adapters.handles[name] = MockAdapter(key=name, lora_id=lora_id)
 
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving ``name``."""
+        """Stop serving ``name``; the requests still running on it end at their next token."""
         if _matches(self.options.fail_remove_adapter, name):
             raise UpstreamError(f"mocker: removing adapter {_name(name)!r} failed as configured")
-        del self.adapters[name]
+        del self.adapters.handles[name]
+        self.adapters.cut(name)
 
 
 def _name(key: str) -> str:

@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -55,12 +55,10 @@ from lorafleet.worker.engines._vllm_settings import (
     token_logprobs,
 )
 
-__all__ = ["REMOVE_DRAIN_S", "STOP_TIMEOUT_S", "VLLMEngine"]
+__all__ = ["STOP_TIMEOUT_S", "VLLMEngine"]
 
 log = structlog.get_logger(__name__)
 
-REMOVE_DRAIN_S: Final = 30.0
-"""How long removing an adapter waits for its running requests before aborting them."""
 STOP_TIMEOUT_S: Final = 15.0
 """How long vLLM's processes get to exit on stop; its default (5 s) kills them mid-teardown."""
 _BASE_GROUP: Final = "base"
@@ -207,10 +205,11 @@ class VLLMEngine(AdapterEngine):
                  load_s=round(time.monotonic() - started, 3))  # fmt: skip
 
     async def remove_adapter(self, name: str) -> None:
-        """Stop serving ``name``: let its requests finish (abort them after a while), free it."""
+        """Stop serving ``name``, abort the requests still running on it (the controller
+        drained it first; they end with ``unloaded_error``), and free it in vLLM."""
         async with self._table_lock:
             request = self._table.handles.pop(name)
-            left = await self._table.wait_idle(name, REMOVE_DRAIN_S)
+            left = self._table.cut(name)
             if left:
                 log.warning("vllm.adapter_remove_aborts", adapter=name, requests=len(left))
             for request_id in left:
@@ -261,13 +260,32 @@ class VLLMEngine(AdapterEngine):
             tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}
             stream = self._llm.generate(tokens, params, request_id, lora_request=lora)
             top = request.sampling.logprobs or 0
-            async for chunk in self._chunks(stream, request_id, top, len(prompt_ids)):
+            chunks = self._chunks(stream, request_id, top, len(prompt_ids))
+            async for chunk in self._unless_cut(chunks, key, request_id, request.request_id):
                 if isinstance(chunk, FinalChunk):
                     final = chunk  # yielded after leaving the gate: vLLM is done with it
                 else:
                     yield chunk
         if final is not None:
             yield final
+
+    async def _unless_cut(
+        self, chunks: AsyncGenerator[TokenChunk | FinalChunk, None], key: str, vllm_id: str,
+        request_id: str,
+    ) -> AsyncIterator[TokenChunk | FinalChunk]:  # fmt: skip
+        """``chunks``, ended with ``unloaded_error`` once its adapter was removed under it
+        (vLLM ends an aborted request's stream, or fails it, depending on the release)."""
+        async with contextlib.aclosing(chunks):
+            try:
+                async for chunk in chunks:
+                    if self._table.was_cut(vllm_id):
+                        break
+                    yield chunk
+            except LorafleetError:
+                if not self._table.was_cut(vllm_id):
+                    raise
+        if self._table.was_cut(vllm_id):
+            raise self.unloaded_error(key, request_id)
 
     def _spent(self, request: GenerateRequest, prompt_tokens: int) -> bool:
         """Whether a continuation has no token left: ``max_tokens`` or the context is used up."""
@@ -276,7 +294,7 @@ class VLLMEngine(AdapterEngine):
 
     async def _chunks(
         self, stream: Any, request_id: str, top_logprobs: int, prompt_tokens: int
-    ) -> AsyncIterator[TokenChunk | FinalChunk]:
+    ) -> AsyncGenerator[TokenChunk | FinalChunk, None]:
         """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
         completion_tokens, reason = 0, None
         held_ids: list[int] = []  # ids whose text vLLM has not released yet
