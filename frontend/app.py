@@ -46,6 +46,7 @@ from lorafleet.frontend.load_failures import LoadFailures
 from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.reachability import Unreachable
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_body import MAX_BODY_BYTES, describe_problem, leaves_body_unread
 from lorafleet.frontend.request_plane import RequestPlane
@@ -114,7 +115,11 @@ async def _start_services(
     stack.push_async_callback(loads.aclose)
     metrics: FrontendMetrics = app.state.metrics
     metrics.follow_etcd(lambda: registry.etcd_in_sync)
-    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, metrics)
+    unreachable = Unreachable(plane, config.dispatch)
+    stack.push_async_callback(unreachable.aclose)
+    dispatcher = Dispatcher(
+        plane, make_router(config.router), config.dispatch, metrics, unreachable
+    )
     failures = LoadFailures(loads)
     loader = OnDemandLoader(
         registry, plane, metrics, loads=loads, failures=failures,
@@ -140,7 +145,7 @@ async def _start_services(
         adapters=AdapterStates(registry, desired, loads, failures, loader), resolver=resolver,
         generation=GenerationService(resolver, dispatcher, metrics, rollouts), metrics=metrics,
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
-        tenants=tenants,
+        tenants=tenants, unreachable=unreachable,
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

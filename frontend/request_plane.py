@@ -148,9 +148,9 @@ class Reply:
                     raise InstanceLostError(instance_id, reason, stalled=True)
                 continue
             if is_no_responders(msg):
-                raise InstanceLostError(
-                    instance_id, "no responder on its subject", no_responders=True
-                )
+                reason = ("no responder on its subject: it exited, or no NATS route joins "
+                          "its server to this frontend's")  # fmt: skip
+                raise InstanceLostError(instance_id, reason, no_responders=True)
             try:
                 return decode(msg.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
