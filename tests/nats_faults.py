@@ -311,7 +311,7 @@ class RoutedCluster:
 
 
 async def start_routed_cluster(data_dir: Path, size: int = 3) -> RoutedCluster:
-    """Start ``size`` routed nats-servers (see ``RoutedCluster``); returns once all routes are up."""
+    """Start ``size`` routed nats-servers (``RoutedCluster``); returns once all routes are up."""
     cluster_ports = [free_port() for _ in range(size)]
     cluster = RoutedCluster([], {})
     try:
