@@ -287,6 +287,7 @@ async def partition_under_load(
         healed_at = await _until(lambda: _all_served_since(fleet, served), "every worker back")
         figures.heal_s = healed_at - restored_at
         assert not await fleet.unreachable(), "the frontend still avoids a worker after the heal"
+        await fleet.cluster.wait_sizes([len(fleet.workers)] * len(fleet.workers))
         await asyncio.sleep(1.0)  # load after the heal
     finally:
         load.stop.set()
