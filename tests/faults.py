@@ -33,6 +33,7 @@ class TcpProxy:
         self.port = free_port()
         self._server: asyncio.Server | None = None
         self._links: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[object]] = set()
         self.is_cut = False
         self.holds_upstream = False
         """Bytes from clients to the target are dropped (``stall``)."""
@@ -109,6 +110,7 @@ class TcpProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.is_cut:
@@ -120,9 +122,15 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._links.update((writer, up_writer))
-        await asyncio.gather(
-            self._pipe(reader, up_writer, from_client=True), self._pipe(up_reader, writer)
-        )
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)  # so that aclose() waits for it: none left pending
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_writer, from_client=True), self._pipe(up_reader, writer)
+            )
+        finally:
+            self._handlers.discard(handler)
 
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, from_client=False
