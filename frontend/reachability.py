@@ -15,6 +15,7 @@ an instance that left etcd is not probed for ever.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ class Unreachable:
         if lost is not None and lost.task is not None:
             lost.task.cancel()
         lost = self._lost[instance_id] = _Lost(error, self._clock())
-        lost.task = asyncio.get_running_loop().create_task(self._probe(instance, lost))
+        probe = self._probe(instance, lost)  # a context of its own: not the request's ids
+        lost.task = asyncio.get_running_loop().create_task(probe, context=contextvars.Context())
         log.warning("instance unreachable", instance=f"{instance_id:x}", reason=error.reason)
 
     def avoided(self) -> set[int]:

@@ -149,6 +149,7 @@ class ModelLoad:
     unexplained: int = 0
     """Failures that were not a 503 saying why the instance was lost."""
     last_success_at: float = 0.0
+    successes_at: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -186,6 +187,7 @@ class PartitionLoad:
                 await asyncio.sleep(0.05)  # a failing model is not hammered
                 continue
             outcome.last_success_at = time.monotonic()
+            outcome.successes_at.append(outcome.last_success_at)
             if answer.model != model:
                 outcome.wrong += 1
                 outcome.errors.append(f"{model}: answered as {answer.model}")
@@ -261,7 +263,8 @@ class PartitionFigures:
     detect_s: float = 0.0
     """From the fault until the frontend's ``/health`` names the cut-off worker unreachable."""
     heal_s: float = 0.0
-    """From the link's return until ``parrot`` answers and every worker served again."""
+    """From the link's return until the first answer for ``parrot`` (which only the cut-off
+    worker holds); every worker must have served a request again soon after."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -283,9 +286,10 @@ async def partition_under_load(
         fleet.cluster.restore()
         restored_at = time.monotonic()
         served = await fleet.requests_served()
-        await _until(lambda: load.models[ONLY_W2].last_success_at > restored_at, "parrot back")
-        healed_at = await _until(lambda: _all_served_since(fleet, served), "every worker back")
-        figures.heal_s = healed_at - restored_at
+        only_w2 = load.models[ONLY_W2]
+        await _until(lambda: only_w2.last_success_at > restored_at, "parrot back")
+        figures.heal_s = next(t for t in only_w2.successes_at if t > restored_at) - restored_at
+        await _until(lambda: _all_served_since(fleet, served), "every worker to serve again")
         assert not await fleet.unreachable(), "the frontend still avoids a worker after the heal"
         await fleet.cluster.wait_sizes([len(fleet.workers)] * len(fleet.workers))
         await asyncio.sleep(1.0)  # load after the heal

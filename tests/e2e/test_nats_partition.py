@@ -22,7 +22,6 @@ HOLD_S = 3.0
 def check(figures: PartitionFigures) -> None:
     """What every NATS partition must show: nothing fails that had a healthy path, no
     wrong answer, no stream hangs, what fails says why, and every worker is back."""
-    print(figures)
     assert figures.failed_with_a_path == 0, figures.errors
     assert figures.wrong == 0, figures.errors
     assert figures.streams_broken == 0, figures.errors
@@ -37,6 +36,7 @@ async def test_a_2_plus_1_split_fails_only_the_model_with_no_path_and_heals(
         figures = await partition_under_load(
             fleet, "split", lambda: cluster.isolate(CUT_OFF), hold_s=HOLD_S
         )
+    print(figures)
     check(figures)
 
 
@@ -50,4 +50,5 @@ async def test_a_route_that_drops_the_workers_answers_is_routed_around_until_a_p
         figures = await partition_under_load(
             fleet, "replies held", lambda: link.hold(downstream=False), hold_s=HOLD_S
         )
+    print(figures)
     check(figures)
