@@ -271,11 +271,12 @@ class Dispatcher:
         return exc
 
     def abandon(self, exc: InstanceLostError | WorkerError, attempt: Attempt) -> None:
-        """After losing ``attempt``'s instance: keep it out until it answers a ping, and
-        cancel there if it stalled."""
+        """After losing ``attempt``'s instance: keep it out until it answers a ping, make the
+        other requests waiting on it ping it now, and cancel there if it stalled."""
         if isinstance(exc, InstanceLostError):
             if not exc.link_dropped:  # our own link's fault, not the instance's
                 self.unreachable.lose(attempt.instance, exc)
+                self.plane.wake_all(attempt.instance.subject)
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
                 self.cancel(attempt)
 

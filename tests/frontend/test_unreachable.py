@@ -16,10 +16,13 @@ import pytest
 
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.dispatcher import DispatchSettings
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend
 from tests.frontend.stand_in import Behaviour, StandInWorker
 
 CHAT = "/v1/chat/completions"
+LONG_STALL = DispatchSettings(stall_s=60.0, ping_timeout_s=0.5)
+"""A stall longer than the client's patience (10 s): a request may not wait one out."""
 BODY = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
@@ -117,3 +120,32 @@ async def test_no_responder_is_named_in_the_503(
 
     assert response.status_code == 503
     assert "no responder on its subject" in response.json()["error"]["message"]
+
+
+async def test_requests_in_flight_on_an_instance_found_gone_move_on_at_once(
+    etcd_url, nats_url, namespace, workers, etcd
+) -> None:
+    """A request that finds no responder for an instance wakes those waiting on it: they
+    ping it now and go elsewhere, instead of each waiting out its own stall (60 s here)."""
+    config = FrontendConfig(
+        namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url), nats_server=nats_url,
+        dispatch=LONG_STALL,
+    )  # fmt: skip
+    async with run_frontend(config) as frontend:
+        slow = await _start(
+            workers, nats_url, etcd, namespace, adapters=("pirate",), token_delay_s=0.2
+        )
+        await _start(workers, nats_url, etcd, namespace)
+        await _until(lambda: len(getattr(frontend.registry.get("demo"), "instances", ())) == 2)
+        await _until(lambda: frontend.registry.get("pirate") is not None)
+        long = {**BODY, "max_tokens": 40}
+        in_flight = [asyncio.create_task(frontend.http.post(CHAT, json=long)) for _ in range(2)]
+        await _until(lambda: slow.generated)  # round robin: one of the two runs there
+        await slow.nc.close()  # gone from NATS (a cut route); its records stay in etcd
+
+        gone = await frontend.http.post(CHAT, json={**BODY, "model": "pirate"})
+
+        assert gone.status_code == 503
+        assert "no responder on its subject" in gone.json()["error"]["message"]
+        results = await asyncio.gather(*in_flight)  # the client gives up after 10 s
+        assert [r.status_code for r in results] == [200, 200]
