@@ -117,6 +117,7 @@ async def _start_services(
     metrics.follow_etcd(lambda: registry.etcd_in_sync)
     unreachable = Unreachable(plane, config.dispatch)
     stack.push_async_callback(unreachable.aclose)
+    metrics.follow_unreachable(unreachable.count)
     dispatcher = Dispatcher(
         plane, make_router(config.router), config.dispatch, metrics, unreachable
     )

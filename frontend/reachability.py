@@ -115,6 +115,10 @@ class Unreachable:
         )
         return InstanceLostError(instance.instance_id, reason, stalled=True)
 
+    def count(self) -> int:
+        """How many instances are kept out and have not answered a ping since."""
+        return sum(not lost.answered for lost in self._lost.values())
+
     def reasons(self) -> dict[str, str]:
         """Each instance kept out (hex id) and why: for ``/health``."""
         return {

@@ -72,6 +72,8 @@ async def test_a_lost_instance_gets_no_request_until_it_answers_a_ping(
     await _wait_unreachable(frontend, {f"{mute.instance_id:x}"})
     reason = (await _unreachable(frontend))[f"{mute.instance_id:x}"]
     assert "stopped answering" in reason
+    metrics = (await frontend.http.get("/metrics")).text
+    assert "lorafleet_frontend_unreachable_instances 1.0" in metrics
 
     results = [await frontend.http.post(CHAT, json=BODY) for _ in range(8)]
 
