@@ -5,10 +5,11 @@
 figures quoted in ``docs/faults.md``.
 
 Three nats-servers in a ``RoutedCluster`` (every route through a proxy). Mocker workers
-W0, W1, W2 run on servers 0, 1 and 2, each knowing only its own server; one frontend
-runs on server 0. All serve ``demo``; W0 and W2 hold ``pirate``; only W2 holds
-``parrot``. So when W2's routes go, ``demo`` and ``pirate`` keep a healthy path and
-``parrot`` has none: its requests must fail fast, saying why; no other may fail.
+W0, W1, W2 run on servers 0, 1 and 2, each knowing only its own server; frontend F0 runs
+on server 0, F2 on server 2. All serve ``demo``; W0 and W2 hold ``pirate``; only W2 holds
+``parrot``. So when W2's routes go, ``demo`` and ``pirate`` keep a healthy path from F0
+and ``parrot`` has none: its requests through F0 must fail fast, saying why. Through F2
+every model keeps a path (W2). No other request may fail.
 """
 
 from __future__ import annotations
@@ -45,18 +46,20 @@ FAIL_FAST_S: Final = 1.0
 
 @dataclass
 class PartitionFleet:
-    """The cluster, the workers (``workers[i]`` on server ``i``) and the frontend."""
+    """The cluster, the workers (``workers[i]`` on server ``i``) and the frontends (F0 on
+    server 0, F2 on server ``CUT_OFF``)."""
 
     cluster: RoutedCluster
     workers: list[ServiceProcess]
     instances: list[str]
     """Each worker's instance id, hex, as ``/health`` names it."""
-    frontend: ServiceProcess
+    frontends: list[ServiceProcess]
 
-    async def unreachable(self) -> dict[str, str]:
-        """The instances the frontend keeps out of routing, and why."""
+    async def unreachable(self, frontend: int = 0) -> dict[str, str]:
+        """The instances a frontend keeps out of routing, and why."""
+        url = self.frontends[frontend].url
         async with httpx.AsyncClient(timeout=10) as client:
-            return (await client.get(f"{self.frontend.url}/health")).json()["unreachable"]
+            return (await client.get(f"{url}/health")).json()["unreachable"]
 
     async def requests_served(self) -> list[float]:
         """Each worker's count of generate requests handled (``/metrics``)."""
@@ -89,15 +92,17 @@ async def partition_fleet(
         instances = [
             await _load_adapters(tmp_path, w, ADAPTERS_OF[i]) for i, w in enumerate(started)
         ]
-        frontend = await asyncio.to_thread(
-            start_frontend, tmp_path, etcd_url=etcd_url, nats_url=cluster.servers[0].url,
-            namespace=namespace,
-        )  # fmt: skip
-        started.append(frontend)
-        fleet = PartitionFleet(cluster, started[:-1], instances, frontend)
+        workers = list(started)
+        for server in (cluster.servers[0], cluster.servers[CUT_OFF]):
+            started.append(await asyncio.to_thread(
+                start_frontend, tmp_path, etcd_url=etcd_url, nats_url=server.url,
+                namespace=namespace,
+            ))  # fmt: skip
+        fleet = PartitionFleet(cluster, workers, instances, started[len(workers) :])
         async with asyncio.timeout(WAIT_S):
-            while not all([await _answers(frontend.url, model) for model in MODELS]):
-                await asyncio.sleep(0.1)
+            for frontend in fleet.frontends:
+                while not all([await _answers(frontend.url, model) for model in MODELS]):
+                    await asyncio.sleep(0.1)
         yield fleet
     finally:
         for process in started:
@@ -272,11 +277,15 @@ async def partition_under_load(
     fleet: PartitionFleet, fault: str, apply: Callable[[], None], *, hold_s: float
 ) -> PartitionFigures:
     """Apply ``fault`` under load, hold it ``hold_s``, heal it; returns the figures."""
-    load = PartitionLoad(fleet.frontend.url)
-    running = asyncio.create_task(load.run())
+    load = PartitionLoad(fleet.frontends[0].url)  # F0: parrot has no path while W2 is cut off
+    far = PartitionLoad(fleet.frontends[1].url)  # F2: every model has a path (W2)
+    running = asyncio.gather(load.run(), far.run(clients_per_model=1, streams=1))
     figures = PartitionFigures(fault)
     try:
-        await _until(lambda: all(m.last_success_at for m in load.models.values()), "the load")
+        await _until(
+            lambda: all(m.last_success_at for run in (load, far) for m in run.models.values()),
+            "the load",
+        )
         cut_off = fleet.instances[CUT_OFF]
         apply()
         fault_at = time.monotonic()
@@ -290,13 +299,14 @@ async def partition_under_load(
         await _until(lambda: only_w2.last_success_at > restored_at, "parrot back")
         figures.heal_s = next(t for t in only_w2.successes_at if t > restored_at) - restored_at
         await _until(lambda: _all_served_since(fleet, served), "every worker to serve again")
-        assert not await fleet.unreachable(), "the frontend still avoids a worker after the heal"
+        await _until(lambda: _none_unreachable(fleet), "every frontend to reach every worker")
         await fleet.cluster.wait_sizes([len(fleet.workers)] * len(fleet.workers))
         await asyncio.sleep(1.0)  # load after the heal
     finally:
         load.stop.set()
+        far.stop.set()
         await running
-    _count(figures, load)
+    _count(figures, load, far)
     return figures
 
 
@@ -304,23 +314,29 @@ async def _names(fleet: PartitionFleet, instance: str) -> bool:
     return instance in await fleet.unreachable()
 
 
+async def _none_unreachable(fleet: PartitionFleet) -> bool:
+    return not any([await fleet.unreachable(i) for i in range(len(fleet.frontends))])
+
+
 async def _all_served_since(fleet: PartitionFleet, before: list[float]) -> bool:
     now = await fleet.requests_served()
     return all(after > then for after, then in zip(now, before, strict=True))
 
 
-def _count(figures: PartitionFigures, load: PartitionLoad) -> None:
+def _count(figures: PartitionFigures, load: PartitionLoad, far: PartitionLoad) -> None:
+    """``load`` went through F0, ``far`` through F2 (where every model has a path)."""
     without = load.models[ONLY_W2]
     with_path = [load.models[BASE], load.models[SHARED], load.streams]
-    figures.sent = sum(m.sent for m in load.models.values()) + load.streams.sent
+    with_path += [*far.models.values(), far.streams]
+    figures.sent = sum(m.sent for m in (*with_path, without))
     figures.failed_with_a_path = sum(m.failed for m in with_path)
     figures.failed_without_a_path = without.failed
     figures.slowest_failure_s = round(without.slowest_failure_s, 2)
     figures.failed_slowly = without.failed_slowly
     figures.unexplained = without.unexplained
-    figures.wrong = sum(m.wrong for m in (*load.models.values(), load.streams))
-    figures.streams = load.streams.sent
-    figures.streams_broken = load.streams_broken
+    figures.wrong = sum(m.wrong for m in (*with_path, without))
+    figures.streams = load.streams.sent + far.streams.sent
+    figures.streams_broken = load.streams_broken + far.streams_broken
     figures.errors = [e for m in (*with_path, without) for e in m.errors][:5]
     figures.detect_s = round(figures.detect_s, 2)
     figures.heal_s = round(figures.heal_s, 2)
