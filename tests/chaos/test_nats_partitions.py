@@ -1,6 +1,7 @@
 """NATS partitions, long (issue 27, cases 4 and 5), several runs each; the figures are in
 ``docs/faults.md``. The short forms are ``tests/e2e/test_nats_partition.py``.
 
+Two frontends, F0 on the majority side and F2 beside W2 (``tests/nats_partitions.py``).
 Case 4: W2's server loses both its routes (a 2 + 1 split, connections reset). Case 5: the
 route between the frontend's server and W2's is held, both ways, then one way each way
 (connections stay open; what is sent arrives when the link returns, as with TCP).
