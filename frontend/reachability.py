@@ -57,6 +57,7 @@ class _Lost:
     since: float
     task: asyncio.Task[None] | None = None
     answered: bool = False
+    unanswered_pings: int = 0
 
 
 class Unreachable:
@@ -103,10 +104,11 @@ class Unreachable:
         return set(self._lost)
 
     def stalled(self, instance: Instance) -> InstanceLostError | None:
-        """Why ``instance`` is not worth a try, if it stalled and has not answered a ping
-        since: a try would wait a stall and a ping for nothing."""
+        """Why ``instance`` is not worth a try, if it stalled and a probe's ping went
+        unanswered since: a try would wait a stall and a ping for nothing. (One missed ping
+        of a busy worker is not enough: until a probe misses one too, requests try it.)"""
         lost = self._lost.get(instance.instance_id)
-        if lost is None or lost.answered or not lost.error.stalled:
+        if lost is None or lost.answered or not lost.error.stalled or not lost.unanswered_pings:
             return None
         since_s = self._clock() - lost.since
         reason = (
@@ -121,9 +123,7 @@ class Unreachable:
 
     def reasons(self) -> dict[str, str]:
         """Each instance kept out (hex id) and why: for ``/health``."""
-        return {
-            f"{iid:x}": lost.error.reason for iid, lost in self._lost.items() if not lost.answered
-        }
+        return {f"{iid:x}": _why(lost) for iid, lost in self._lost.items() if not lost.answered}
 
     async def aclose(self) -> None:
         """Stop every probe."""
@@ -141,9 +141,15 @@ class Unreachable:
                 log.info("instance reachable again", instance=f"{instance_id:x}",
                          after_s=round(self._clock() - lost.since, 3))  # fmt: skip
                 return
+            lost.unanswered_pings += 1
             if self._clock() - lost.since >= PROBE_LIMIT_S:
                 del self._lost[instance_id]
                 log.warning("instance still unreachable; letting requests try it",
                             instance=f"{instance_id:x}", after_s=PROBE_LIMIT_S)  # fmt: skip
                 return
             await asyncio.sleep(PROBE_INTERVAL_S)
+
+
+def _why(lost: _Lost) -> str:
+    pings = f"; {lost.unanswered_pings} pings unanswered since" if lost.unanswered_pings else ""
+    return f"{lost.error.reason}{pings}"

@@ -98,6 +98,10 @@ async def test_a_model_whose_one_instance_stalled_fails_at_once_saying_why(
     first = await frontend.http.post(CHAT, json=BODY)
     assert first.status_code == 503
     assert "stopped answering" in first.json()["error"]["message"]
+    key = f"{mute.instance_id:x}"
+    async with asyncio.timeout(30):  # a probe's ping went unanswered too: not a busy moment
+        while "pings unanswered" not in (await _unreachable(frontend)).get(key, ""):
+            await asyncio.sleep(0.02)
 
     second = await frontend.http.post(CHAT, json=BODY)
 
