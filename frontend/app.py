@@ -48,6 +48,7 @@ from lorafleet.frontend.load_failures import LoadFailures
 from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.on_demand import OnDemandLoader
+from lorafleet.frontend.reachability import Unreachable
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_body import MAX_BODY_BYTES, describe_problem, leaves_body_unread
 from lorafleet.frontend.request_plane import RequestPlane
@@ -118,7 +119,12 @@ async def _start_services(
     stack.push_async_callback(loads.aclose)
     metrics: FrontendMetrics = app.state.metrics
     metrics.follow_etcd(lambda: registry.etcd_in_sync)
-    dispatcher = Dispatcher(plane, make_router(config.router), config.dispatch, metrics)
+    unreachable = Unreachable(plane, config.dispatch)
+    stack.push_async_callback(unreachable.aclose)
+    metrics.follow_unreachable(unreachable.count)
+    dispatcher = Dispatcher(
+        plane, make_router(config.router), config.dispatch, metrics, unreachable
+    )
     failures = LoadFailures(loads)
     loader = OnDemandLoader(
         registry, plane, metrics, loads=loads, failures=failures,
@@ -150,6 +156,7 @@ async def _start_services(
         generation=GenerationService(resolver, dispatcher, metrics, rollouts, meter),
         aliases=aliases, alias_checks=AliasChecks(registry, desired, aliases), writes=writes,
         tenants=tenants, admission=FleetAdmission(config.admission, lambda: tenants.share),
+        unreachable=unreachable,
     )  # fmt: skip
     if not config.admin_token:
         log.warning("DYN_ADMIN_TOKEN is not set: anyone can change the desired adapters")

@@ -2,9 +2,10 @@
 
 An attempt on an instance is lost when the server says nobody subscribes its
 subject, or when its replies stall and it does not answer a ``PingRequest``.
-A lost attempt, or one the worker refuses with a retryable error, moves on to
-another instance while nothing has been committed to the client: until the
-first chunk for a stream, until the final chunk for a whole completion.
+A lost instance is kept out of routing until it answers a ping
+(``frontend.reachability``). A lost attempt, or one the worker refuses with a retryable
+error, moves on to another instance while nothing has been committed to the client:
+until the first chunk for a stream, until the final chunk for a whole completion.
 A stream lost later is continued elsewhere by ``frontend.token_stream``.
 """
 
@@ -20,6 +21,7 @@ import structlog
 from lorafleet.frontend.attempt import Attempt
 from lorafleet.frontend.errors import InstanceLostError, NoLiveInstanceError, WorkerError
 from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.reachability import Unreachable
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.router import Router
@@ -71,7 +73,8 @@ class DispatchSettings(Settings):
         help="how many instances are tried per request",
     )  # fmt: skip
     quarantine_s: Annotated[float, NON_NEGATIVE] = 5.0
-    """How long an instance that was lost gets no new requests (unless no other is left)."""
+    """The least time an instance that was lost gets no new requests (unless no other is
+    left); after it, the instance is back once it answers a ping (``reachability``)."""
     migration_limit: Annotated[int, NON_NEGATIVE] = setting(
         3, flag="--migration-limit", env="DYN_MIGRATION_LIMIT",
         help="how many times one stream may continue on another instance when its own is "
@@ -103,10 +106,12 @@ class _Tries:
     last: LorafleetError | None = None
 
     def exhausted(self) -> LorafleetError:
-        """The error to answer with once no instance is left: the worker's, if one gave one."""
+        """The error to answer with once no instance is left: the worker's, if one gave one,
+        else 503 saying why the last instance tried was lost."""
         if isinstance(self.last, WorkerError):
             return self.last
-        return NoLiveInstanceError(self.served.name, self.tried)
+        why = self.last.message if self.last is not None else ""
+        return NoLiveInstanceError(self.served.name, self.tried, why)
 
 
 class Dispatcher:
@@ -119,12 +124,15 @@ class Dispatcher:
         router: Router,
         settings: DispatchSettings | None = None,
         metrics: FrontendMetrics | None = None,
+        unreachable: Unreachable | None = None,
     ) -> None:
         self.plane = plane
         self.router = router
         self.settings = settings or DispatchSettings()
         self.metrics = metrics or FrontendMetrics()
-        self._quarantine: dict[int, float] = {}
+        if unreachable is None:  # not ``or``: an empty one is falsy
+            unreachable = Unreachable(plane, self.settings)
+        self.unreachable = unreachable
 
     @property
     def migration_limit(self) -> int:
@@ -189,10 +197,13 @@ class Dispatcher:
         served = tries.served
         pick = self.router.pick if served.parent is None else self.router.pick_least_inflight
         instance = None
-        if self._quarantine:
+        if self.unreachable:
             instance = pick(served.name, served.instances, self._avoid(tries.tried))
         if instance is None:
             instance = pick(served.name, served.instances, tries.tried)
+            if instance is not None and (stalled := self.unreachable.stalled(instance)):
+                tries.last = stalled  # its retry would wait a stall and a ping: fail now
+                instance = None
         if instance is None:
             raise tries.exhausted()
         tries.tried.append(instance.instance_id)
@@ -236,12 +247,8 @@ class Dispatcher:
         )  # fmt: skip
 
     def _avoid(self, tried: list[int]) -> set[int]:
-        """Instances tried for this request and those still in quarantine."""
-        now = time.monotonic()
-        for instance_id, until in list(self._quarantine.items()):
-            if until <= now:
-                del self._quarantine[instance_id]
-        return {*tried, *self._quarantine}
+        """Instances tried for this request and those kept out as unreachable."""
+        return {*tried, *self.unreachable.avoided()}
 
     def release(self, attempt: Attempt) -> None:
         """Stop listening to ``attempt`` and count it done at the router (once)."""
@@ -264,10 +271,12 @@ class Dispatcher:
         return exc
 
     def abandon(self, exc: InstanceLostError | WorkerError, attempt: Attempt) -> None:
-        """After losing ``attempt``'s instance: quarantine it, and cancel there if it stalled."""
+        """After losing ``attempt``'s instance: keep it out until it answers a ping, make the
+        other requests waiting on it ping it now, and cancel there if it stalled."""
         if isinstance(exc, InstanceLostError):
             if not exc.link_dropped:  # our own link's fault, not the instance's
-                self._quarantine[exc.instance_id] = time.monotonic() + self.settings.quarantine_s
+                self.unreachable.lose(attempt.instance, exc)
+                self.plane.wake_all(attempt.instance.subject)
             if exc.stalled:  # it may be alive but wedged: do not let it work for nobody
                 self.cancel(attempt)
 

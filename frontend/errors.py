@@ -246,12 +246,13 @@ class NoLiveInstanceError(UnavailableError):
 
     param = "model"
 
-    def __init__(self, model: str, tried: Iterable[int] = ()) -> None:
+    def __init__(self, model: str, tried: Iterable[int] = (), why: str = "") -> None:
         self.model = model
         self.tried = list(tried)
         ids = ", ".join(f"{instance:x}" for instance in self.tried)
         detail = f"; instances tried: {ids}" if ids else ""
-        super().__init__(f"No live instance serves model {model!r} right now{detail}")
+        because = f"; last: {why}" if why else ""
+        super().__init__(f"No live instance serves model {model!r} right now{detail}{because}")
 
 
 class InstanceLostError(UnavailableError):

@@ -114,11 +114,21 @@ class FrontendMetrics:
             "it routes by its last view",
             registry=self.registry,
         )  # fmt: skip
+        self.unreachable = Gauge(
+            "lorafleet_frontend_unreachable_instances",
+            "Instances this frontend lost over NATS and keeps out of routing until they "
+            "answer a ping (a cut or stalled NATS route while etcd still lists them)",
+            registry=self.registry,
+        )  # fmt: skip
         self._children: dict[tuple[object, ...], Any] = {}
 
     def follow_etcd(self, in_sync: Callable[[], bool]) -> None:
         """Read ``lorafleet_frontend_etcd_in_sync`` from ``in_sync`` at every scrape."""
         self.etcd_in_sync.set_function(lambda: float(in_sync()))
+
+    def follow_unreachable(self, count: Callable[[], int]) -> None:
+        """Read ``lorafleet_frontend_unreachable_instances`` from ``count`` at every scrape."""
+        self.unreachable.set_function(lambda: float(count()))
 
     def started(self, model: str, endpoint: str) -> None:
         """A generate request for a served model began."""

@@ -10,7 +10,8 @@ the instance subject. While the connection is down, ``open`` fails at once with
 server) instead of buffering a request nobody will answer; when the link drops,
 every open reply is marked ``dropped``, because messages sent meanwhile are lost.
 ``Reply.receive`` is the one reading loop: wait with a stall timeout, ping the
-instance when it is silent, and decode what arrives, or say the instance is lost.
+instance when it is silent (or at once when another request just lost it: ``wake_all``),
+and decode what arrives, or say the instance is lost.
 A failed ping is judged only after the messages that came before its pong: an
 instance answers "not running that request" right after it sent the request's last
 chunk, and one NATS connection delivers in order.
@@ -101,6 +102,10 @@ class Reply:
     def drop(self) -> None:
         """Mark the reply as one whose messages may be lost, and wake the reader."""
         self.dropped = True
+        self.wake()
+
+    def wake(self) -> None:
+        """End the reader's wait now, as if its stall had passed: ``receive`` pings."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -148,9 +153,9 @@ class Reply:
                     raise InstanceLostError(instance_id, reason, stalled=True)
                 continue
             if is_no_responders(msg):
-                raise InstanceLostError(
-                    instance_id, "no responder on its subject", no_responders=True
-                )
+                reason = ("no responder on its subject: it exited, or no NATS route joins "
+                          "its server to this frontend's")  # fmt: skip
+                raise InstanceLostError(instance_id, reason, no_responders=True)
             try:
                 return decode(msg.data)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -237,8 +242,12 @@ class RequestPlane:
             reply = await self.open(subject, PingRequest(request_id=request_id))
         except UnavailableError:
             return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        msg = None
         try:
-            msg = await reply.next(timeout_s)
+            while msg is None and not reply.dropped and (left := deadline - loop.time()) > 0:
+                msg = await reply.next(left)  # ``wake_all`` may end a wait early
         finally:
             reply.close()
         if msg is None or is_no_responders(msg):
@@ -247,6 +256,13 @@ class RequestPlane:
             return msgspec.msgpack.decode(msg.data, type=UpdateReply).status_code == 200
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
+
+    def wake_all(self, subject: str) -> None:
+        """Wake every request waiting on the instance of ``subject``, so each pings it now
+        rather than at the end of its own stall: another request just lost that instance."""
+        for reply in list(self._replies.values()):
+            if reply.target == subject:
+                reply.wake()
 
     def detach(self, reply: Reply) -> None:
         """Stop routing messages to ``reply`` (its ``close()`` calls this)."""

@@ -20,6 +20,7 @@ from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.generation import GenerationService
 from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
+from lorafleet.frontend.reachability import Unreachable
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
@@ -51,6 +52,8 @@ class Services:
     """API keys, tenants and this frontend's share of their limits."""
     admission: FleetAdmission
     """This frontend's share of the fleet's slots: queues and sheds by priority."""
+    unreachable: Unreachable
+    """Instances lost over NATS, kept out of routing until they answer a ping."""
 
 
 def services_of(state: State) -> Services:

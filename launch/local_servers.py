@@ -31,6 +31,7 @@ __all__ = [
     "find_binary",
     "free_port",
     "launch",
+    "nats_cluster_size",
     "start_etcd",
     "start_nats",
     "start_nats_cluster",
@@ -244,7 +245,7 @@ def start_nats_cluster(
             ]  # fmt: skip
             servers.append(start_nats(data_dir / name, config=config, env=env,
                                       extra_args=cluster_args, name=name))  # fmt: skip
-        _wait_for(lambda: all(_nats_cluster_size(s.port) == size for s in servers), "NATS routes")
+        _wait_for(lambda: all(nats_cluster_size(s.port) == size for s in servers), "NATS routes")
     except BaseException:
         for server in servers:
             server.stop(kill=True)
@@ -260,7 +261,7 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(_POLL_INTERVAL_S)
 
 
-def _nats_cluster_size(port: int) -> int:
+def nats_cluster_size(port: int) -> int:
     """How many servers the cluster advertises to clients of the server on ``port``."""
     with (
         contextlib.suppress(OSError, ValueError),

@@ -398,3 +398,6 @@ class FrontendHealth(msgspec.Struct, kw_only=True, frozen=True):
     etcd: str = "in sync"
     models: int = 0
     instances: int = 0
+    unreachable: dict[str, str] = msgspec.field(default_factory=dict)
+    """Instances (hex id) this frontend lost over NATS and keeps out of routing until they
+    answer a ping, and why: a cut or stalled NATS route shows here while etcd lists them."""

@@ -7,6 +7,7 @@ its figures, printed by the tests and quoted in ``docs/nats.md``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -14,11 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 import httpx
 import openai
 
-from lorafleet.launch.local_servers import LocalServer
+from lorafleet.launch.local_servers import LocalServer, free_port, nats_cluster_size, start_nats
+from tests.faults import TcpProxy
 from tests.processes import ServiceProcess, start_frontend, start_worker
 
 MODEL = "nats-demo"
@@ -257,3 +260,78 @@ def kill_frontends_nats_server(
         time.sleep(after_s)  # the scenario's duration under load, not a synchronisation
     load.figures.down_s = _logged_down_s(running.frontend)
     return load.figures
+
+
+NOWHERE: Final = "127.0.0.1:1"
+"""A cluster URL nothing listens on: what each routed server advertises to the others."""
+
+
+@dataclass
+class RoutedCluster:
+    """Three nats-servers in one cluster, each route through a ``TcpProxy``: a route can be
+    cut, stalled or held (one way too) while every client's link to its own server stays up.
+
+    Server ``i`` solicits its route to each server ``j < i`` through ``links[i, j]``, whose
+    upstream is ``i`` to ``j``. Every server advertises ``NOWHERE`` as its cluster URL, so
+    servers that hear of each other by gossip while a route is down cannot route around
+    the proxies.
+    """
+
+    servers: list[LocalServer]
+    links: dict[tuple[int, int], TcpProxy]
+
+    def link(self, a: int, b: int) -> TcpProxy:
+        """The proxy of the route between servers ``a`` and ``b``."""
+        return self.links[max(a, b), min(a, b)]
+
+    def isolate(self, index: int) -> None:
+        """Cut every route of server ``index``: a 2 + 1 split."""
+        for pair, proxy in self.links.items():
+            if index in pair:
+                proxy.cut()
+
+    def restore(self) -> None:
+        """Let every route through again."""
+        for proxy in self.links.values():
+            proxy.restore()
+
+    async def wait_sizes(self, sizes: list[int], timeout_s: float = WAIT_S) -> None:
+        """Wait until server ``i`` advertises ``sizes[i]`` servers (itself and its routes)."""
+        async with asyncio.timeout(timeout_s):
+            while [
+                await asyncio.to_thread(nats_cluster_size, s.port) for s in self.servers
+            ] != sizes:
+                await asyncio.sleep(0.05)
+
+    async def aclose(self) -> None:
+        for server in self.servers:
+            server.stop(kill=True)
+        for proxy in self.links.values():
+            await proxy.aclose()
+
+
+async def start_routed_cluster(data_dir: Path, size: int = 3) -> RoutedCluster:
+    """Start ``size`` routed nats-servers (``RoutedCluster``); returns once all routes are up."""
+    cluster_ports = [free_port() for _ in range(size)]
+    cluster = RoutedCluster([], {})
+    try:
+        for i in range(size):
+            for j in range(i):
+                cluster.links[i, j] = await TcpProxy(cluster_ports[j]).start()
+        for i, cluster_port in enumerate(cluster_ports):
+            args = [
+                "--name", f"nats-{i}", "--cluster_name", "lorafleet",
+                "--cluster", f"nats://127.0.0.1:{cluster_port}", "--cluster_advertise", NOWHERE,
+            ]  # fmt: skip
+            if i:
+                routes = [f"nats://127.0.0.1:{cluster.links[i, j].port}" for j in range(i)]
+                args += ["--routes", ",".join(routes)]
+            server = await asyncio.to_thread(
+                start_nats, data_dir / f"nats-{i}", extra_args=args, name=f"nats-{i}"
+            )
+            cluster.servers.append(server)
+        await cluster.wait_sizes([size] * size)
+    except BaseException:
+        await cluster.aclose()
+        raise
+    return cluster

@@ -30,6 +30,7 @@ class SystemController(Controller):
             etcd="in sync" if in_sync else "cut off: serving the last view",
             models=len(services.registry.names()),
             instances=services.registry.instance_count,
+            unreachable=services.unreachable.reasons(),
         )
         return Response(body, status_code=200 if connected else 503)
 

@@ -5,9 +5,10 @@ through ``worker.engine_registry.EngineRegistry``, as ``python -m lorafleet.work
 so it cannot drift from the worker protocol; only the engine is scripted: it
 answers ``tok0 tok1 ...``, fails, or goes slowly, so the frontend's failure
 paths can be driven exactly. ``Behaviour.MUTE`` swaps the endpoint for a
-subscriber that answers nothing at all. Its base card says LoRA management is
-on unless ``enable_lora=False``; with ``gathers=False`` it streams whole answers
-token by token, as workers from before ``GenerateRequest.whole`` do. With
+subscriber that answers nothing at all (and records the generate requests it got) until
+``unmute()``: a worker behind a stalled NATS route, then the route heals. Its base card
+says LoRA management is on unless ``enable_lora=False``; with ``gathers=False`` it streams
+whole answers token by token, as workers from before ``GenerateRequest.whole`` do. With
 ``final_on_ping`` the engine holds each answer's final chunk until the frontend pings
 about that request, and the endpoint answers that ping only once the request has
 ended: the 404 pong of a slow engine whose final chunk crossed the frontend's ping,
@@ -33,6 +34,7 @@ from typing import Any
 import msgspec
 import nats
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import instance_key
@@ -175,6 +177,9 @@ class StandInWorker:
         self.engine.final_on_ping = final_on_ping
         self.registry = EngineRegistry()
         self.updates: list[str] = []
+        self.unanswered: list[GenerateRequest] = []
+        """The generate requests a MUTE stand-in received (and ignored)."""
+        self._mute: Subscription | None = None
         self._stopped = asyncio.Event()
 
     @property
@@ -206,7 +211,7 @@ class StandInWorker:
             endpoint = Endpoint if self.gathers else _StreamingEndpoint
             self.endpoint = endpoint(self.nc, self.lease, address)
         if self.behaviour is Behaviour.MUTE:
-            await self.nc.subscribe(self.subject, cb=_ignore)
+            self._mute = await self.nc.subscribe(self.subject, cb=self._ignore)
             await self.nc.flush()
         else:
             await self._serve()
@@ -220,6 +225,21 @@ class StandInWorker:
     def card(self, adapter: str) -> ModelDeploymentCard:
         """The card of ``adapter`` on this worker's base model."""
         return self.engine.card(adapter)
+
+    async def unmute(self) -> None:
+        """A MUTE stand-in starts answering everything, pings included."""
+        assert self._mute is not None, "only a MUTE stand-in can be unmuted"
+        await self._mute.unsubscribe()
+        self._mute = None
+        self.behaviour = Behaviour.ANSWER
+        await self._serve()
+        await self.nc.flush()
+
+    async def _ignore(self, msg: Msg) -> None:
+        """A MUTE stand-in's subscriber: it takes every message and answers none."""
+        message = decode_instance_message(msg.data)
+        if isinstance(message, GenerateRequest):
+            self.unanswered.append(message)
 
     async def stop(self, *, retract: bool = True) -> None:
         """Stop answering; with ``retract`` also delete the records (else they stay till TTL)."""
@@ -274,7 +294,3 @@ class _LatePongEndpoint(Endpoint):
             while message.request_id in self._inflight:  # its done callback forgets it
                 await asyncio.sleep(0)
         await super()._on_message(msg)
-
-
-async def _ignore(_: Msg) -> None:
-    """A MUTE stand-in's subscriber: it takes every message and answers none."""
