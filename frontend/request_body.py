@@ -115,7 +115,7 @@ def decode_json(body: bytes, body_type: type[_T] | Any = Any) -> _T:
     """``body`` as ``body_type`` (strings of numbers accepted as numbers, as Litestar
     decodes); ``InvalidBodyError`` naming the problem and the field when it is not,
     and when it nests deeper than ``MAX_JSON_DEPTH`` (msgspec would recurse: a 500)."""
-    if not body.strip():
+    if not body or body.isspace():  # no stripped copy of a large body
         raise InvalidBodyError("Invalid request body: the body is empty; send a JSON object")
     check_json_depth(body)
     try:
