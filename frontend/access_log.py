@@ -85,7 +85,9 @@ def new_request_id() -> str:
 
 def request_id_from(value: str | None) -> str:
     """The client's id with unsafe characters dropped and cut to length, or a new one."""
-    cleaned = _UNSAFE.sub("", value or "")[:MAX_REQUEST_ID_CHARS]
+    if not value:  # most requests: no regex to run
+        return new_request_id()
+    cleaned = _UNSAFE.sub("", value)[:MAX_REQUEST_ID_CHARS]
     return cleaned or new_request_id()
 
 
@@ -106,8 +108,9 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
     """Run ``serve`` as the request of ``scope``: with its id bound to the log context and
     echoed on the response, and its access line written when it ends. ``started``
     (``perf_counter``; now) is when the request arrived."""
-    record = RequestRecord(request_id=request_id_from(_header(scope, REQUEST_ID_HEADER_BYTES)))
-    record.session = (_header(scope, SESSION_ID_HEADER_BYTES) or "")[:MAX_REQUEST_ID_CHARS]
+    request_id, session = _id_headers(scope)
+    record = RequestRecord(request_id=request_id_from(request_id))
+    record.session = (session or "")[:MAX_REQUEST_ID_CHARS]
     status = 500
     echoed = (REQUEST_ID_HEADER_BYTES, record.request_id.encode())
 
@@ -129,13 +132,20 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
         _record.reset(token)
 
 
-def _header(scope: HTTPScope, wanted: bytes) -> str | None:
-    """The last ``wanted`` header's value, if any (as a dict of the headers gives)."""
-    found: bytes | None = None
+def _id_headers(scope: HTTPScope) -> tuple[str | None, str | None]:
+    """The last ``x-request-id`` and ``x-session-id`` headers' values, if any (as a dict of
+    the headers gives), in one pass over the headers."""
+    request_id: bytes | None = None
+    session: bytes | None = None
     for name, value in scope["headers"]:
-        if name == wanted:
-            found = value
-    return None if found is None else found.decode("latin-1")
+        if name == REQUEST_ID_HEADER_BYTES:
+            request_id = value
+        elif name == SESSION_ID_HEADER_BYTES:
+            session = value
+    return (
+        None if request_id is None else request_id.decode("latin-1"),
+        None if session is None else session.decode("latin-1"),
+    )
 
 
 def _log_access(scope: HTTPScope, record: RequestRecord, status: int, duration_s: float) -> None:

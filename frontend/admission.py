@@ -72,6 +72,8 @@ class FleetAdmission:
         """``share``: how many live frontends divide the fleet's slots (this one included)."""
         self._settings = settings
         self._share = share
+        self.limited = bool(settings.fleet_max_inflight)
+        """False when the fleet has no limit: ``enter`` and ``leave`` then do nothing."""
         self.inflight = 0
         self._waiting: list[_Waiter] = []
         self._arrivals = itertools.count()
@@ -90,7 +92,7 @@ class FleetAdmission:
     async def enter(self, priority: int, tenant: str) -> None:
         """Take a slot, waiting for one while the fleet is saturated; ``FleetSaturatedError``
         when this request is shed. Every ``enter`` that returns is paired with ``leave``."""
-        if not self._settings.fleet_max_inflight:
+        if not self.limited:
             return
         granted = asyncio.get_running_loop().create_future()
         waiter = _Waiter(-priority, next(self._arrivals), tenant, granted)
@@ -103,7 +105,7 @@ class FleetAdmission:
 
     def leave(self) -> None:
         """A request that entered ended: its slot goes to the first waiter."""
-        if not self._settings.fleet_max_inflight:
+        if not self.limited:
             return
         self.inflight -= 1
         self._hand_over()

@@ -7,9 +7,13 @@ docs/frontend.md's field table lists every field: honoured, forwarded or refused
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import operator
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
+
+import msgspec
 
 __all__ = ["NEUTRAL", "unserved_field"]
 
@@ -66,13 +70,27 @@ NEUTRAL: Final[Mapping[str, tuple[object, ...]]] = MappingProxyType(
 """Field name to the values that ask for what every engine does anyway (None always is)."""
 
 
-def unserved_field(body: object) -> tuple[str, object] | None:
+def unserved_field(body: msgspec.Struct) -> tuple[str, object] | None:
     """The first field of ``body`` that asks for something no engine serves, and its value."""
-    for name, neutral in NEUTRAL.items():
-        value = getattr(body, name, None)
-        if value is not None and not any(_same(value, n) for n in neutral):
+    names, values_of = _policed_fields(type(body))
+    values = values_of(body)
+    if values.count(None) == len(values):  # what almost every body sends: none of them
+        return None
+    for name, value in zip(names, values, strict=True):
+        if value is not None and not any(_same(value, n) for n in NEUTRAL[name]):
             return name, value
     return None
+
+
+@functools.cache
+def _policed_fields(
+    body_type: type[msgspec.Struct],
+) -> tuple[tuple[str, ...], Callable[[msgspec.Struct], tuple[object, ...]]]:
+    """The fields of ``NEUTRAL`` that ``body_type`` declares (each request type declares
+    several: ``attrgetter`` of two or more names gives a tuple), and a getter of their values
+    in one C call (a loop of ``getattr`` cost twice as much per body)."""
+    names = tuple(name for name in NEUTRAL if name in body_type.__struct_fields__)
+    return names, operator.attrgetter(*names)
 
 
 def _same(value: object, neutral: object) -> bool:

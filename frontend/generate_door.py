@@ -41,7 +41,7 @@ from lorafleet.frontend.errors import (
 )
 from lorafleet.frontend.exchange import SseAnswer
 from lorafleet.frontend.generate_routes import GENERATE_ROUTES, GenerateRoute
-from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE
+from lorafleet.frontend.generation import SSE_HEADERS, SSE_MEDIA_TYPE, GenerationService
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.request_body import (
     bounded_receive,
@@ -102,12 +102,16 @@ class GenerateDoor:
         record = current_record()
         try:
             body = await read_body(scope, bounded_receive(receive, self._body_timeout_s))
-            # identified after the body, so that a refusal leaves the connection usable
-            tenant = services.tenants.identify(_authorization(scope))
+            # identified after the body, so that a refusal leaves the connection usable;
+            # while the routes are open (no keys) there is no header to look for
+            tenant = (
+                services.tenants.identify(_authorization(scope)) if services.tenants.keyed else None
+            )
             record.tenant = "" if tenant is None else tenant.name
             data: Any = decode_json(body, route.body_type)
             permit = services.tenants.admit(tenant, data.model, services.registry.names)
-            await _enter(services.admission, permit)
+            if services.admission.limited:  # else no coroutines to await (most frontends)
+                await _enter(services.admission, permit)
         except LorafleetError as exc:
             status, error = openai_error(exc)
             metrics: FrontendMetrics = self._state.metrics
@@ -117,35 +121,35 @@ class GenerateDoor:
             return
         status = 500
         try:
-            status = await self._generate(route, data, scope, receive, send)
+            status = await _generate(services.generation, route, data, scope, receive, send)
         finally:
             services.admission.leave()
             permit.release(record, record.status or status)
 
-    async def _generate(
-        self, route: GenerateRoute[Any], data: Any, scope: HTTPScope, receive: Receive,
-        send: Send,
-    ) -> int:  # fmt: skip
-        """Generate ``data``'s answer and send it; the status sent."""
-        generation = services_of(self._state).generation
-        try:
-            answer = await generation.generate(data, route.shape, route.to_generate, receive)
-        except LorafleetError as exc:
-            status, error = openai_error(exc)
-            await _send_json(send, status, error, retry_after_s=_retry_after_s(exc))
-            return status
-        except Exception as exc:
-            status, error = unexpected_error(exc, scope["path"])
-            await _send_json(send, status, error)
-            return status
-        if isinstance(answer, SseAnswer):
-            stream = ASGIStreamingResponse(
-                iterator=answer, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS
-            )
-            await stream(scope, receive, send)
-        else:
-            await _send_json(send, 200, answer)
-        return 200
+
+async def _generate(
+    generation: GenerationService, route: GenerateRoute[Any], data: Any, scope: HTTPScope,
+    receive: Receive, send: Send,
+) -> int:  # fmt: skip
+    """Generate ``data``'s answer and send it; the status sent."""
+    try:
+        answer = await generation.generate(data, route.shape, route.to_generate, receive)
+    except LorafleetError as exc:
+        status, error = openai_error(exc)
+        await _send_json(send, status, error, retry_after_s=_retry_after_s(exc))
+        return status
+    except Exception as exc:
+        status, error = unexpected_error(exc, scope["path"])
+        await _send_json(send, status, error)
+        return status
+    if isinstance(answer, SseAnswer):
+        stream = ASGIStreamingResponse(
+            iterator=answer, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS
+        )
+        await stream(scope, receive, send)
+    else:
+        await _send_json(send, 200, answer)
+    return 200
 
 
 async def _enter(admission: FleetAdmission, permit: Permit) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 from litestar.types import HTTPScope, Receive, ReceiveMessage
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from lorafleet.frontend.access_log import current_record
 from lorafleet.frontend.errors import (
@@ -64,17 +65,28 @@ def bounded_receive(receive: Receive, timeout_s: float) -> Receive:
         nonlocal body_done
         if body_done:
             return await receive()
-        try:
-            async with asyncio.timeout_at(deadline):
-                message = await receive()
-        except TimeoutError:
-            raise BodyTimeoutError(timeout_s) from None
+        if _holds_message(receive):  # no wait, so no timer (most bodies come with their head)
+            message = await receive()
+        else:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimeoutError(timeout_s) from None
         if message["type"] == "http.disconnect":
             raise ClientGoneError(current_record().request_id, "while sending its body")
         body_done = not message.get("more_body", False)
         return message
 
     return receive_body
+
+
+def _holds_message(receive: Receive) -> bool:
+    """Whether ``receive`` is a uvicorn request cycle's with its next message (body or
+    hang-up) already there, so that awaiting it returns at once: its ``message_event`` is
+    set by every part of a body and by a hang-up, and only ``receive`` clears it."""
+    cycle = getattr(receive, "__self__", None)
+    return isinstance(cycle, RequestResponseCycle) and cycle.message_event.is_set()
 
 
 async def read_body(scope: HTTPScope, receive: Receive) -> bytes:
@@ -103,7 +115,7 @@ def decode_json(body: bytes, body_type: type[_T] | Any = Any) -> _T:
     """``body`` as ``body_type`` (strings of numbers accepted as numbers, as Litestar
     decodes); ``InvalidBodyError`` naming the problem and the field when it is not,
     and when it nests deeper than ``MAX_JSON_DEPTH`` (msgspec would recurse: a 500)."""
-    if not body.strip():
+    if not body or body.isspace():  # no stripped copy of a large body
         raise InvalidBodyError("Invalid request body: the body is empty; send a JSON object")
     check_json_depth(body)
     try:

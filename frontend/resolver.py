@@ -63,20 +63,19 @@ class ModelResolver:
     async def resolve(self, name: str) -> ServedModel:
         """The served model ``name``, loading a cold desired adapter first; 404/503 otherwise
         (after catching up with etcd)."""
-        served = await self._served_or_cold(name)
+        # served now, the usual case: no coroutine awaited
+        served = self.registry.get(name) or await self._load_cold(name)
         if served is None:
             await self._catch_up(name)
-            served = await self._served_or_cold(name)
+            served = self.registry.get(name) or await self._load_cold(name)
         if served is not None:
             return served
         if self.registry.known(name):
             raise NoLiveInstanceError(name)
         raise self.not_found(name)
 
-    async def _served_or_cold(self, name: str) -> ServedModel | None:
-        served = self.registry.get(name)
-        if served is not None:
-            return served
+    async def _load_cold(self, name: str) -> ServedModel | None:
+        """Desired or evicted adapter ``name`` loaded on demand; None when it is neither."""
         spec = self.desired.get(name) or self._evicted(name)
         return None if spec is None else await self.loader.load(spec)
 

@@ -253,6 +253,24 @@ async def test_a_body_slower_than_the_body_timeout_is_a_408_and_its_connection_c
     assert counted == 1
 
 
+async def test_a_body_trickling_in_parts_past_the_body_timeout_is_a_408(
+    slow_body_frontend,
+) -> None:
+    """Each part comes well within the body timeout; the whole body does not, so the
+    deadline counts from the head, not from the last part."""
+    async with _open(slow_body_frontend) as (reader, writer):
+        writer.write(_head(CHAT, 100))
+        answer = asyncio.ensure_future(reader.read())  # to EOF: it closes
+        for _ in range(100):  # a byte each 0.3 s: the body would take 30 s
+            if answer.done():
+                break
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.wait([answer], timeout=0.3)
+        head = (await asyncio.wait_for(answer, timeout=30)).partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 408 ")
+
+
 async def test_five_hundred_slow_bodies_get_408s_while_normal_traffic_is_served(
     slow_body_frontend, workers, nats_url, etcd, namespace
 ) -> None:
