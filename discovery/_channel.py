@@ -42,7 +42,10 @@ host, a one-way partition) keeps its TCP connection open, and a watch on it woul
 silently for ever. 5 s is the least etcd accepts by default
 (``--grpc-keepalive-min-time``); quicker pings get the connection closed as abusive.
 gRPC sends them only while nothing else is written: a client that keeps calling is
-moved off a stalled member by ``EtcdClient`` instead (a call that times out)."""
+moved off a stalled member by ``EtcdClient`` instead (a call that times out). Only while a
+call is open (a watch, the lease's keep-alive stream, a call waiting): etcd refuses pings
+on a connection without one (``PermitWithoutStream`` is off) and closes it with
+``GOAWAY too_many_pings``; a connection with nothing open has nothing to wait for."""
 KEEPALIVE_TIMEOUT_MS: Final = 1000
 """A ping unanswered this long closes the connection. gRPC's C core now reads this from
 ``grpc.http2.ping_timeout_ms`` (default 60 s), so both are set: with the keepalive
@@ -58,7 +61,7 @@ _CHANNEL_OPTIONS: Final = {
     "grpc.keepalive_time_ms": KEEPALIVE_TIME_MS,
     "grpc.keepalive_timeout_ms": KEEPALIVE_TIMEOUT_MS,
     "grpc.http2.ping_timeout_ms": KEEPALIVE_TIMEOUT_MS,
-    "grpc.keepalive_permit_without_calls": 1,
+    "grpc.keepalive_permit_without_calls": 0,
     "grpc.http2.max_pings_without_data": 0,
 }
 
