@@ -133,15 +133,11 @@ async def logged(scope: HTTPScope, send: Send, serve: Serve, started: float | No
 
 
 def _id_headers(scope: HTTPScope) -> tuple[str | None, str | None]:
-    """The last ``x-request-id`` and ``x-session-id`` headers' values, if any (as a dict of
-    the headers gives), in one pass over the headers."""
-    request_id: bytes | None = None
-    session: bytes | None = None
-    for name, value in scope["headers"]:
-        if name == REQUEST_ID_HEADER_BYTES:
-            request_id = value
-        elif name == SESSION_ID_HEADER_BYTES:
-            session = value
+    """The last ``x-request-id`` and ``x-session-id`` headers' values, if any: one dict of
+    the headers, built in C, where a loop over them cost 70 bytecodes per request."""
+    headers = dict(scope["headers"])
+    request_id = headers.get(REQUEST_ID_HEADER_BYTES)
+    session = headers.get(SESSION_ID_HEADER_BYTES)
     return (
         None if request_id is None else request_id.decode("latin-1"),
         None if session is None else session.decode("latin-1"),

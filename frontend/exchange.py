@@ -122,6 +122,8 @@ class Exchange:
     def _observe_latencies(self, slo: SloMeter, first_token_at: float) -> None:
         """Count the answer's TTFT and inter-token latency (from the first token to now,
         the last, over the tokens after the first) against its adapter's targets."""
+        if self.label not in slo.targets():  # most adapters have none: nothing to work out
+            return
         tokens = self.record.completion_tokens
         itl_s = (time.perf_counter() - first_token_at) / (tokens - 1) if tokens > 1 else None
         slo.observe(self.label, ttft_s=first_token_at - self.started, itl_s=itl_s)
