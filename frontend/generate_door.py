@@ -51,7 +51,7 @@ from lorafleet.frontend.request_body import (
 )
 from lorafleet.frontend.services import services_of
 from lorafleet.frontend.tenants import Permit
-from lorafleet.proto.errors import LorafleetError, RateLimitedError, http_status
+from lorafleet.proto.errors import LorafleetError, RateLimitedError
 
 __all__ = ["GenerateDoor"]
 
@@ -117,7 +117,7 @@ class GenerateDoor:
             metrics: FrontendMetrics = self._state.metrics
             metrics.rejected(route.shape.endpoint, status, exc.code)
             await _send_json(send, status, error, close=leaves_body_unread(exc),
-                             retry_after_s=_retry_after_s(exc))  # fmt: skip
+                             retry_after_s=_retry_after_s(exc, status))  # fmt: skip
             return
         status = 500
         try:
@@ -136,7 +136,7 @@ async def _generate(
         answer = await generation.generate(data, route.shape, route.to_generate, receive)
     except LorafleetError as exc:
         status, error = openai_error(exc)
-        await _send_json(send, status, error, retry_after_s=_retry_after_s(exc))
+        await _send_json(send, status, error, retry_after_s=_retry_after_s(exc, status))
         return status
     except Exception as exc:
         status, error = unexpected_error(exc, scope["path"])
@@ -164,12 +164,14 @@ async def _enter(admission: FleetAdmission, permit: Permit) -> None:
         raise
 
 
-def _retry_after_s(exc: LorafleetError) -> int | None:
-    """The ``Retry-After`` of a 429: a tenant's own wait over a limit, else ``RETRY_AFTER_S``
-    (a full on-demand queue, a worker without a free slot); None for any other error."""
+def _retry_after_s(exc: LorafleetError, status: int) -> int | None:
+    """The ``Retry-After`` of a 429 (``status``, as ``openai_error`` gives it: a worker's own
+    429 is the answer's status, not the upstream error's 502): a tenant's own wait over a
+    limit, else ``RETRY_AFTER_S`` (a full on-demand queue, a worker without a free slot);
+    None for any other status."""
     if isinstance(exc, RateLimitedError):
         return exc.retry_after_s
-    return RETRY_AFTER_S if http_status(exc.code) == 429 else None
+    return RETRY_AFTER_S if status == 429 else None
 
 
 def _authorization(scope: HTTPScope) -> str | None:

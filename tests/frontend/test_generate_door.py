@@ -153,6 +153,21 @@ async def test_a_worker_s_refusal_of_the_request_is_counted_as_the_client_s_erro
     assert _count(metrics, "lorafleet_frontend_errors_total", **labels, code="upstream_error") == 0
 
 
+async def test_a_worker_s_429_reaches_the_client_with_retry_after(
+    frontend, workers, nats_url, etcd, namespace
+) -> None:
+    """A worker without a free slot answers ``capacity``; the client's 429, whole or streamed,
+    carries ``Retry-After`` as every other 429 does, so OpenAI's client waits and retries."""
+    error = ErrorInfo(code="capacity", message="no free LoRA slot: every slot is in use")
+    await _start(workers, nats_url, etcd, namespace, behaviour=Behaviour.FAIL, error=error)
+    await wait_for_models(frontend, {"demo"})
+    for stream in (False, True):
+        refused = await frontend.http.post(CHAT, json=_chat(stream=stream))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "capacity"
+        assert refused.headers.get("retry-after") == "1", refused.headers
+
+
 async def test_a_client_that_hangs_up_during_its_body_is_counted_and_logged_as_499(
     frontend, access_lines
 ) -> None:
