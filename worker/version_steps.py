@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import msgspec
 import structlog
@@ -39,6 +39,12 @@ from lorafleet.worker.lora.digest import content_digest
 __all__ = ["AdapterSource", "VersionSteps", "step"]
 
 log = structlog.get_logger(__name__)
+
+DIGEST_ATTEMPTS: Final = 5
+"""Reads of an adapter folder whose files vanished under the digest: another worker that
+shares the cache folder is swapping its entry (renamed away, then the new one renamed in,
+microseconds apart). The read after the swap digests the new files."""
+DIGEST_RETRY_S: Final = 0.01
 
 
 class AdapterSource(Protocol):
@@ -97,7 +103,7 @@ class VersionSteps:
         expected digest and suit the base model."""
         path = await self.source.acquire(version.uri, refresh=refresh)
         try:
-            version.digest = await asyncio.to_thread(content_digest, path)
+            version.digest = await asyncio.to_thread(_settled_digest, path)
             mismatched = version.expected not in (None, version.digest)
             if not mismatched:
                 check = self._base_check.check
@@ -236,3 +242,15 @@ async def step(name: str, old: AdapterVersion | None, work: Awaitable[None]) -> 
             exc.args = (exc.message,)
             exc.fields.setdefault("step", name)
         raise
+
+
+def _settled_digest(path: Path) -> str:
+    """``content_digest(path)``, read again while the folder's files are missing for an
+    instant (a sharing worker's swap of the cache entry); ``FileNotFoundError`` after
+    ``DIGEST_ATTEMPTS`` reads."""
+    for _ in range(DIGEST_ATTEMPTS - 1):
+        try:
+            return content_digest(path)
+        except FileNotFoundError:
+            time.sleep(DIGEST_RETRY_S)
+    return content_digest(path)

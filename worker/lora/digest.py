@@ -8,6 +8,7 @@ it, and an expected ``sha256`` from a caller is compared with it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 from pathlib import Path
 from typing import Final
@@ -24,9 +25,13 @@ def content_digest(path: Path) -> str:
     """``sha256:<hex>`` of the adapter directory ``path``'s config and weight files.
 
     Only the files an engine reads count (a README or a tokenizer beside them does not), in
-    the order ``adapter_config.json``, then the weights. ``OSError`` when one cannot be read.
+    the order ``adapter_config.json``, then the weights. ``OSError`` when one cannot be read;
+    ``FileNotFoundError`` when the config or every weight file is missing (a folder that
+    another worker sharing the cache is replacing at this instant): a digest of nothing
+    would name no version at all.
     """
     digest = hashlib.sha256()
+    read: list[str] = []
     for name in (ADAPTER_CONFIG, *ADAPTER_WEIGHTS):
         member = path / name
         if not member.is_file():
@@ -35,4 +40,8 @@ def content_digest(path: Path) -> str:
         with member.open("rb") as handle:
             while chunk := handle.read(_CHUNK_BYTES):
                 digest.update(chunk)
+        read.append(name)
+    if ADAPTER_CONFIG not in read or len(read) < 2:
+        missing = ADAPTER_CONFIG if ADAPTER_CONFIG not in read else " or ".join(ADAPTER_WEIGHTS)
+        raise FileNotFoundError(errno.ENOENT, f"no {missing} in the adapter folder", str(path))
     return DIGEST_PREFIX + digest.hexdigest()
