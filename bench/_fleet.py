@@ -6,7 +6,7 @@ the mocker engine), its ``Instance`` record and base card, and adapter cards pub
 retracted by a ``LoraController`` over the mocker (the worker's load/unload path: lock,
 slot, add, publish, roll back). What is simulated: all instances share one NATS connection
 and one etcd client (a real worker has one of each); the adapter source resolves every URI
-to one empty folder (no download, no cache); there is no status server, no placement
+to one placeholder adapter folder (no download, no cache); there is no status server, no placement
 loop and no process per instance (start-up steps 1-5 of ``worker.runtime`` are done here,
 in the same order, without the status server).
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from bench._cluster import make_adapter_dir
 from lorafleet.discovery.client import EtcdClient, connect_etcd
 from lorafleet.discovery.keys import instance_key
 from lorafleet.discovery.lease import LeaseKeeper
@@ -42,10 +43,11 @@ START_CONCURRENCY: Final = 16
 
 
 class _NoDownload:
-    """An ``AdapterSource`` that resolves every ``file://`` URI to one folder: nothing is read."""
+    """An ``AdapterSource`` that resolves every ``file://`` URI to one placeholder adapter
+    folder inside ``folder``: nothing is downloaded (the worker still digests its files)."""
 
     def __init__(self, folder: Path) -> None:
-        self._folder = folder
+        self._folder = make_adapter_dir(folder, "placeholder-adapter")
 
     def supported_schemes(self) -> frozenset[str]:
         return frozenset({"file"})
