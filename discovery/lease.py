@@ -23,6 +23,7 @@ import structlog
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.process.backoff import backoff_s
+from lorafleet.process.tasks import cancel_and_wait
 
 __all__ = ["LeaseKeeper", "LeaseState"]
 
@@ -116,8 +117,7 @@ class LeaseKeeper:
         if self._expiry is not None:
             self._expiry.cancel()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         if revoke:
             try:
                 with self._etcd.errors("revoke lease"):

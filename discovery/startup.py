@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from lorafleet.process.backoff import backoff_s
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.errors import UnavailableError
 
 __all__ = [
@@ -81,10 +82,6 @@ async def connect_with_retry(
         return result
 
 
-RECANCEL_S: Final = 0.5
-"""How long a cancelled start-up may take to end before it is cancelled again."""
-
-
 async def unless_stopped(start: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
     """Run ``start`` unless ``stop`` is set first; then cancel it and return None.
 
@@ -99,9 +96,7 @@ async def unless_stopped(start: Coroutine[Any, Any, T], stop: asyncio.Event) -> 
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=RECANCEL_S)
+        await cancel_and_wait(task)
     if task.cancelled():
         return None
     return task.result()

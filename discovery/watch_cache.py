@@ -18,6 +18,7 @@ from aetcd.rtypes import Event
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.process.backoff import backoff_s
+from lorafleet.process.tasks import cancel_and_wait
 
 __all__ = ["WatchCache", "WatchListener"]
 
@@ -135,8 +136,7 @@ class WatchCache(Generic[T]):
             if waiting is not None:
                 waiting.cancel()
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _watch_loop(self) -> None:

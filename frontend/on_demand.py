@@ -43,6 +43,7 @@ from lorafleet.frontend.registry import ModelRegistry, ServedModel
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.worker_updates import send_update
 from lorafleet.process.auth import bearer_header
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.adapters import AdapterSpec, LoadLoraRequest
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import (
@@ -171,10 +172,7 @@ class OnDemandLoader:
 
     async def aclose(self) -> None:
         """Cancel the loads in progress (their workers finish or roll back by themselves)."""
-        tasks = list(self._loads.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._loads.values())
 
     @property
     def loading(self) -> list[str]:

@@ -25,6 +25,7 @@ import structlog
 
 from lorafleet.frontend.errors import InstanceLostError
 from lorafleet.frontend.request_plane import RequestPlane
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.discovery import Instance
 
 __all__ = ["PROBE_INTERVAL_S", "PROBE_LIMIT_S", "Unreachable"]
@@ -127,10 +128,7 @@ class Unreachable:
 
     async def aclose(self) -> None:
         """Stop every probe."""
-        tasks = [lost.task for lost in self._lost.values() if lost.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*(lost.task for lost in self._lost.values() if lost.task is not None))
         self._lost.clear()
 
     async def _probe(self, instance: Instance, lost: _Lost) -> None:

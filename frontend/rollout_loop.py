@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import os
 import time
 from typing import Final
@@ -26,6 +25,7 @@ from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.frontend.aliases import AliasBook
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.rollout import judge
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.aliases import TTFT_BOUNDS_MS, Alias, Rollout, VersionCounts, WindowReport
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.naming import lora_slug
@@ -103,9 +103,7 @@ class RolloutLoop:
     async def aclose(self) -> None:
         """Stop judging (the reports go when the frontend's lease is revoked)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     def pick(self, name: str, session: str) -> AliasCall | None:
         """The version a request for ``name`` goes to, tracked; None when ``name`` is no alias.

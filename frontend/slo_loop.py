@@ -12,7 +12,6 @@ lower bound on the adapter's copies (``worker.placement``); ``/v1/adapters`` sho
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Final
 
@@ -32,6 +31,7 @@ from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.metrics import FrontendMetrics
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.slo_meter import SloMeter
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.adapters import MAX_REPLICAS, AdapterSpec, replica_bounds
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.naming import lora_slug
@@ -102,9 +102,7 @@ class SloLoop:
     async def aclose(self) -> None:
         """Stop judging and following (the reports go when the frontend's lease is revoked)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await asyncio.gather(self._reports.aclose(), self._copies.aclose())
 
     def attainment(self, spec: AdapterSpec) -> SloAttainment | None:

@@ -1,6 +1,6 @@
 """What every lorafleet process needs besides its planes: settings (declared once, with
 flags and variables), logs, CLI help, build info, pid checks, uvicorn protocols, the retry
-backoff and the bearer-token rule.
+backoff, the bearer-token rule and stopping background tasks.
 
 Imports no other lorafleet package, so that every other package may import it."""
 
@@ -59,6 +59,10 @@ from lorafleet.process.settings_cli import (
     settings_from_args,
     settings_from_env,
 )
+from lorafleet.process.tasks import (
+    RECANCEL_S,
+    cancel_and_wait,
+)
 from lorafleet.process.uvicorn_server import (
     UvicornServer,
 )
@@ -75,6 +79,7 @@ __all__ = [
     "NON_NEGATIVE",
     "PORT",
     "POSITIVE",
+    "RECANCEL_S",
     "Setting",
     "SettingRow",
     "Settings",
@@ -84,6 +89,7 @@ __all__ = [
     "backoff_s",
     "bearer_header",
     "bearer_token_accepted",
+    "cancel_and_wait",
     "comma_list",
     "configure_logging",
     "console_renderer",

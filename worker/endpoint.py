@@ -24,6 +24,7 @@ import structlog
 from lorafleet.discovery.keys import base_card_key, lora_card_key, nats_subject
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.process.auth import AUTHORIZATION_HEADER, bearer_token_accepted
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.discovery import ModelDeploymentCard, encode_record
 from lorafleet.proto.errors import (
     ErrorInfo,
@@ -149,9 +150,7 @@ class Endpoint:
         if pending:
             log.info("finishing in-flight requests", count=len(pending), grace_s=grace_s)
             _, still_running = await asyncio.wait(pending, timeout=grace_s)
-            for task in still_running:
-                task.cancel()
-            await asyncio.gather(*still_running, return_exceptions=True)
+            await cancel_and_wait(*still_running)
         await self._nc.flush()
 
     async def _on_message(self, msg: nats.aio.msg.Msg) -> None:

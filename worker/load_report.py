@@ -17,6 +17,7 @@ from typing import Final, TypeAlias
 import structlog
 
 from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
 from lorafleet.worker.lora_controller import LoraController
@@ -112,8 +113,7 @@ class LoadReport:
         self._controller.on_change = lambda: None
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         with contextlib.suppress(LorafleetError):
             await self._lease.delete(self._key)
 

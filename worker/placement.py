@@ -39,6 +39,7 @@ from lorafleet.discovery.watch_cache import WatchCache
 from lorafleet.fleet.placement import IN_USE_RPS, RendezvousCache, chosen_instances, plan_copies
 from lorafleet.fleet.slo import slo_floor
 from lorafleet.process.settings import NON_NEGATIVE, POSITIVE, Settings, setting
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.adapters import (
     AdapterSpec,
     LoadLoraRequest,
@@ -212,8 +213,7 @@ class Placement:
     async def aclose(self) -> None:
         """Stop converging and delete the load record (adapters stay until the worker stops)."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         if self._report is not None:
             await self._report.aclose()
         self._controller.attach_fleet(None)

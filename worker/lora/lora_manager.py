@@ -19,6 +19,7 @@ from typing import Any, Final
 import structlog
 
 from lorafleet.fleet.adapter_files import adapter_bytes, adapter_problem, pickle_problem
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.errors import LorafleetError, error_body
 from lorafleet.proto.uris import is_scheme_name
 from lorafleet.worker import metrics
@@ -217,10 +218,7 @@ class LoRAManager:
 
     async def aclose(self) -> None:
         """Cancel downloads in flight (their private directories are deleted) and wait for them."""
-        tasks = list(self._inflight.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._inflight.values())
 
     async def __aenter__(self) -> LoRAManager:
         return self
