@@ -145,6 +145,12 @@ async def test_streamed_chunks_name_the_version(fleet: Fleet) -> None:
     assert '"model":"bot-v2"' in answer.text and '"model":"bot"' not in answer.text
 
 
+def _rollout_ended(record: dict) -> bool:
+    """The alias's rollout is over; a frontend whose watch has not seen it start yet (the
+    second frontend, just after the first took the rollout) shows none at all."""
+    return record["rollout"] is not None and record["rollout"]["phase"] != "running"
+
+
 async def _until(http: httpx.AsyncClient, alias: str, done: Callable[[dict], bool]) -> dict:
     """Send requests to ``alias`` through every frontend until its record satisfies ``done``."""
     async with asyncio.timeout(120):
@@ -170,10 +176,8 @@ async def test_a_canary_failing_30_percent_is_rolled_back_by_the_frontends(fleet
     assert started.json()["rollout"]["phase"] == "running"
 
     second = fleet.frontends[1].http
-    traffic = asyncio.create_task(
-        _until(second, "bot", lambda r: r["rollout"]["phase"] != "running")
-    )
-    record = await _until(fleet.http, "bot", lambda r: r["rollout"]["phase"] != "running")
+    traffic = asyncio.create_task(_until(second, "bot", _rollout_ended))
+    record = await _until(fleet.http, "bot", _rollout_ended)
     await traffic
     rollout = record["rollout"]
     assert rollout["phase"] == "rolled_back", rollout
@@ -195,7 +199,7 @@ async def test_a_canary_whose_adapter_is_deleted_is_rolled_back(fleet: Fleet) ->
     body = {"alias": "bot", "canary": "bot-v2", "weight": 50, "policy": policy}
     assert (await fleet.http.post("/v1/rollouts", json=body, headers=AUTH)).status_code == 201
     assert (await fleet.http.delete("/v1/adapters/bot-v2", headers=AUTH)).status_code == 200
-    record = await _until(fleet.http, "bot", lambda r: r["rollout"]["phase"] != "running")
+    record = await _until(fleet.http, "bot", _rollout_ended)
     assert record["rollout"]["phase"] == "rolled_back", record
     assert record["targets"] == [{"model": "bot-v1", "weight": 100}]
 
