@@ -21,6 +21,7 @@ from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.frontend import access_log
 from lorafleet.frontend.config import FrontendConfig
 from lorafleet.launch.cli import main as lorafleet
+from lorafleet.proto.errors import UnauthorizedError
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
 from tests.processes import ServiceProcess
 
@@ -39,13 +40,29 @@ class Fleet:
         return self.frontends[0].http
 
     async def tenant(self, name: str, **fields: object) -> str:
-        """Create tenant ``name`` with ``fields`` and one key of it; the key."""
+        """Create tenant ``name`` with ``fields`` and one key of it through the first frontend;
+        the key, once every frontend knows it (the others hear of it by their watches)."""
         tenant = {"name": name, **fields}
         response = await self.admin.post("/v1/tenants", json=tenant, headers=ADMIN)
         assert response.status_code == 200, response.text
         response = await self.admin.post("/v1/keys", json={"tenant": name}, headers=ADMIN)
         assert response.status_code == 201, response.text
-        return str(response.json()["key"])
+        key = str(response.json()["key"])
+        for frontend in self.frontends:
+            async with asyncio.timeout(10):
+                while _tenant_of(frontend, key) != name:
+                    await asyncio.sleep(0.01)
+        return key
+
+
+def _tenant_of(frontend: RunningFrontend, key: str) -> str | None:
+    """The tenant ``frontend`` serves ``key`` as; None while it has not seen the key or its
+    tenant (two watches, so either may come first)."""
+    try:
+        tenant = frontend.app.state.services.tenants.identify(f"Bearer {key}")
+    except UnauthorizedError:
+        return None
+    return None if tenant is None else tenant.name
 
 
 @pytest.fixture
