@@ -59,7 +59,7 @@ RUN pip install --no-deps /app
 USER lorafleet
 CMD ["python", "-m", "lorafleet.worker"]
 
-# compose.secure.yaml's one-shot etcd-auth service: launch/etcd_auth_job.py drives etcdctl,
+# compose.secure.yaml's one-shot etcd-auth service: lorafleet/launch/etcd_auth_job.py drives etcdctl,
 # taken from the etcd image (which has no shell to run the steps itself).
 FROM quay.io/coreos/etcd:v3.5.17 AS etcd-image
 

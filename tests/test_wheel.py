@@ -51,7 +51,7 @@ def test_every_name_in_the_wheel_starts_with_lorafleet_and_bench_is_left_out(
     }
     assert not [name for name in names if "bench" in name.split("/")]
     for module in ("proto/__init__.py", "worker/config.py", "frontend/__main__.py"):
-        assert f"lorafleet/{module}" in names  # the links to the top-level folders resolved
+        assert f"lorafleet/{module}" in names
 
 
 def test_the_wheel_installs_beside_proto_plus_and_both_import(wheel: Path, tmp_path: Path) -> None:

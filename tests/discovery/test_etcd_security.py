@@ -1,6 +1,6 @@
 """etcd with authentication and client TLS: the whole path works, and strangers are refused.
 
-Certificates are made here with ``cryptography`` (``launch/tls_files.py``); etcd gets a
+Certificates are made here with ``cryptography`` (``lorafleet/launch/tls_files.py``); etcd gets a
 root user and a lorafleet user whose role reaches only ``v1/``. A refusal is one clear
 line naming the server and the variable to check, and is marked permanent.
 """

@@ -2,10 +2,10 @@
 ``--help``, its checks and the README's table all come from these fields.
 
 ``FrontendConfig`` adds the frontend's own settings to the ones every process shares
-(``ConnectionSettings``), and holds ``DispatchSettings`` (``frontend/dispatcher.py``: stall,
-attempts, migration) and ``AdmissionSettings`` (``frontend/admission.py``: the fleet's
-slots, the wait), declared beside the code that reads them. Adding a setting is one
-``setting(...)`` field on the class that uses it (``process/settings.py``).
+(``ConnectionSettings``), and holds ``DispatchSettings`` (``lorafleet/frontend/dispatcher.py``:
+stall, attempts, migration) and ``AdmissionSettings`` (``lorafleet/frontend/admission.py``: the
+fleet's slots, the wait), declared beside the code that reads them. Adding a setting is one
+``setting(...)`` field on the class that uses it (``lorafleet/process/settings.py``).
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 
 ``WorkerConfig`` adds the worker's own settings to the ones every process shares
 (``ConnectionSettings``), and holds two groups declared beside the code that reads them:
-``EngineConfig`` (``worker/engine.py``: model, LoRA slots, engine options),
-``LoRAManagerConfig`` (``worker/lora/config.py``: the adapter cache and sources, ``DYN_LORA_*``)
-and ``PlacementSettings`` (``worker/placement.py``: the ``--lora-copy-*`` knobs). Adding a setting
-is one ``setting(...)`` field on the class that uses it (``process/settings.py``).
+``EngineConfig`` (``lorafleet/worker/engine.py``: model, LoRA slots, engine options),
+``LoRAManagerConfig`` (``lorafleet/worker/lora/config.py``: the adapter cache and sources,
+``DYN_LORA_*``) and ``PlacementSettings`` (``lorafleet/worker/placement.py``: the
+``--lora-copy-*`` knobs). Adding a setting is one ``setting(...)`` field on the class that uses
+it (``lorafleet/process/settings.py``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ declared once (``process.settings``), validated once, and listed in the README's
 
 The worker reads them with its other settings (``WorkerConfig.lora``); Dynamo's
 ``LoRAManager()`` reads them from the environment (``from_env``). They have no flags: the
-environment is what both readers, and ``lorafleet up`` (``launch/file_roots.py``), see. The
-AWS settings are not here: boto3 reads the standard AWS environment itself.
+environment is what both readers, and ``lorafleet up`` (``lorafleet/launch/file_roots.py``),
+see. The AWS settings are not here: boto3 reads the standard AWS environment itself.
 """
 
 from __future__ import annotations

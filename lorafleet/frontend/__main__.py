@@ -2,7 +2,7 @@
 
 Every flag has an environment variable (``DYN_HTTP_PORT``, ``DYN_NAMESPACE``,
 ``ETCD_ENDPOINTS``, ``NATS_SERVER``, ...) so containers configure it without
-a command line (``frontend/config.py`` declares them). The admin token comes only from
+a command line (``lorafleet/frontend/config.py`` declares them). The admin token comes only from
 ``DYN_ADMIN_TOKEN`` or the file ``DYN_ADMIN_TOKEN_FILE`` names, the workers' token only
 from ``DYN_SYSTEM_AUTH_TOKEN`` or its ``_FILE`` (never flags: command lines are visible to
 every user of the machine).

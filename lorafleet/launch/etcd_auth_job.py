@@ -1,6 +1,6 @@
 """The compose stack's one-shot ``etcd-auth`` service: turn on etcd auth once, from the environment.
 
-It runs the grants of ``launch/etcd_auth.py`` (the ones ``lorafleet up --secure`` makes),
+It runs the grants of ``lorafleet/launch/etcd_auth.py`` (the ones ``lorafleet up --secure`` makes),
 so compose and the local cluster cannot drift apart. Run again on an etcd whose auth is
 already on (asked as root), it changes nothing and succeeds: ``docker compose up`` runs it
 every time. A root password that etcd does not know is one line and exit 1.

@@ -61,7 +61,7 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
     max_concurrent: Annotated[int, msgspec.Meta(ge=0)] = 0
     priority: Annotated[int, msgspec.Meta(ge=0, le=9)] = 0
     """Higher is served first while the fleet is saturated; the lowest is shed first
-    (``frontend/admission.py``)."""
+    (``lorafleet/frontend/admission.py``)."""
 
 
 class TenantList(msgspec.Struct, kw_only=True, frozen=True):
