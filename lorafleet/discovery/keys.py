@@ -197,6 +197,12 @@ def nats_subject(namespace: str, component: str, endpoint: str, instance_id: int
     return f"{namespace}.{component}.{endpoint}-{instance_id:x}"
 
 
+def kv_events_subject(namespace: str) -> str:
+    """NATS subject every worker of a namespace publishes its KV block events on and every
+    frontend reads (``proto.kv_events``); plain subscriptions, so each frontend sees all."""
+    return f"{namespace}.kv_events"
+
+
 def parse_load_key(key: str) -> tuple[str, int]:
     """Split a load record's key into (``ns/component/endpoint``, instance id).
 

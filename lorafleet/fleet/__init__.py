@@ -12,6 +12,13 @@ from lorafleet.fleet.adapter_files import (
     pickle_problem,
     read_adapter_config,
 )
+from lorafleet.fleet.kv_blocks import (
+    HASH_BYTES,
+    block_hashes,
+    chain_seed,
+    version_key,
+    words_tokens,
+)
 from lorafleet.fleet.placement import (
     HELD_DEMAND_EPS,
     IN_USE_RPS,
@@ -38,6 +45,7 @@ __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
     "ALLOW_PICKLE_VARIABLE",
+    "HASH_BYTES",
     "HELD_DEMAND_EPS",
     "IN_USE_RPS",
     "LOAD_BOUND_EPS",
@@ -47,6 +55,8 @@ __all__ = [
     "adapter_bytes",
     "adapter_problem",
     "attainment_of",
+    "block_hashes",
+    "chain_seed",
     "check_adapter_rank",
     "chosen_instances",
     "may_drop_copy",
@@ -59,5 +69,7 @@ __all__ = [
     "read_adapter_config",
     "rendezvous_order",
     "slo_floor",
+    "version_key",
     "wanted_copies",
+    "words_tokens",
 ]

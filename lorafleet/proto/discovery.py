@@ -10,6 +10,8 @@ from typing import Literal
 
 import msgspec
 
+from lorafleet.proto.kv_events import KvCacheSpec
+
 __all__ = [
     "Instance",
     "LoraInfo",
@@ -37,6 +39,9 @@ class Instance(msgspec.Struct, kw_only=True, frozen=True):
     host: str = ""
     pid: int = 0
     started_at: float = 0.0
+    kv_cache: KvCacheSpec | None = None
+    """The engine's prefix cache, for prefix-aware routers; None: it keeps none (or the
+    worker predates prefix routing)."""
 
 
 class RuntimeConfig(msgspec.Struct, kw_only=True, frozen=True):

@@ -22,6 +22,7 @@ __all__ = [
     "FinishReason",
     "GenerateRequest",
     "InstanceMessage",
+    "KvSnapshotRequest",
     "PingRequest",
     "SamplingParams",
     "StreamChunk",
@@ -95,6 +96,9 @@ class GenerateRequest(_Message, frozen=True, tag="generate", omit_defaults=True)
     """Token ids another instance already generated (and the client received) for this
     request: the engine continues after them (stream migration). ``max_tokens`` then
     counts only the tokens still to come, and ``usage`` counts only those too."""
+    cache_salt: str = ""
+    """vLLM's ``cache_salt``: prefix-cache blocks are shared only between requests with the
+    same salt (a tenant's name, when its tenant salts its requests; ``docs/routing.md``)."""
     whole: bool = False
     """The caller reads the answer only once it is complete (a non-streaming request): the
     worker may send every token in the final chunk's ``answer`` instead of one message per
@@ -115,6 +119,11 @@ class PingRequest(_Message, frozen=True, tag="ping"):
     """
 
     request_id: str = ""
+
+
+class KvSnapshotRequest(_Message, frozen=True, tag="kv_snapshot"):
+    """Ask an instance for every KV block it holds (``proto.kv_events.KvSnapshot``): a
+    frontend that started late or missed event batches rebuilds its view of it."""
 
 
 class UpdateRequest(_Message, frozen=True, tag="update"):
@@ -153,7 +162,7 @@ class UpdateReply(msgspec.Struct, kw_only=True, frozen=True):
     error: ErrorInfo | None = None
 
 
-InstanceMessage = GenerateRequest | CancelRequest | PingRequest | UpdateRequest
+InstanceMessage = GenerateRequest | CancelRequest | PingRequest | KvSnapshotRequest | UpdateRequest
 
 
 class Usage(msgspec.Struct, kw_only=True, frozen=True):
