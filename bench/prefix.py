@@ -1,0 +1,214 @@
+"""``python -m bench.prefix``: routers side by side on workloads that share prefixes.
+
+For each workload and each router, a fresh cluster (etcd, NATS, ``--workers`` workers with
+empty caches, one frontend with ``--router``) serves ``--adapters`` adapters, each loaded
+on every worker, and ``--clients`` clients run the workload's conversations (streamed
+chats, each turn after the last one's answer). Workloads (``bench/_prefix_workloads.py``):
+``shared``, 32 system prompts of about 2,000 tokens spread over the adapters, 8 questions
+each, in random order; ``multiturn``, 64 conversations of 6 turns; ``unique``, no shared
+prefix (the control).
+
+Figures per run: TTFT p50/p90 (``bench/_prefix_client.py``: TCP_QUICKACK, so no delayed ACK
+hides in them), requests per second, the fleet's prefix-cache hit ratio from the workers'
+own counters (``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries``) beside the ideal
+(each block computed once in the fleet), requests on the busiest instance over the mean
+(from the workers' request counters), and the frontend's CPU per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+import httpx
+
+from bench._adapters import admin
+from bench._cluster import BenchCluster, Service
+from bench._metrics import scrape
+from bench._prefix_client import ChatClient, ChatResult
+from bench._prefix_workloads import WORKLOADS, Job, Sizes, build_jobs, ideal_hits
+from bench._report import (
+    add_output_flags,
+    benchmark_main,
+    cpu_seconds,
+    machine,
+    ms,
+    percentile,
+    table,
+)
+
+__all__ = ["build_parser", "main", "run"]
+
+ROUTERS: Final = ("round-robin", "least-inflight", "prefix-approx", "prefix")
+READY_TIMEOUT_S: Final = 120.0
+POLL_S: Final = 0.1
+
+
+async def _serve(cluster: BenchCluster, args: argparse.Namespace, router: str) -> Service:
+    """Start the workers, load every adapter on each, start the frontend; wait until it
+    lists every adapter."""
+    flags = ["--enable-lora", "--max-loras", str(len(_adapters(cluster, args))), *args.worker_arg]
+    workers = [cluster.worker(args.model, *flags, engine=args.engine, wait=False)
+               for _ in range(args.workers)]  # fmt: skip
+    for worker in workers:
+        cluster.await_worker(worker)
+    for name, uri in _adapters(cluster, args):
+        for worker in workers:
+            status = await admin(worker, "load_lora", {"lora_name": name, "source": {"uri": uri}})
+            if status != 200:
+                raise RuntimeError(f"load_lora of {name!r} answered HTTP {status}")
+    frontend = cluster.frontend("--router", router)
+    wanted = {name for name, _ in _adapters(cluster, args)}
+    async with httpx.AsyncClient(timeout=10) as http, asyncio.timeout(READY_TIMEOUT_S):
+        while not wanted <= {
+            m["id"] for m in (await http.get(f"{frontend.url}/v1/models")).json()["data"]
+        }:
+            await asyncio.sleep(POLL_S)
+    return frontend
+
+
+def _adapters(cluster: BenchCluster, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(name, URI) of the adapters served: ``--adapter`` flags, else placeholder folders."""
+    if args.adapter:
+        return [(pair.split("=", 1)[0], pair.split("=", 1)[1]) for pair in args.adapter]
+    return [(f"a{index}", cluster.adapter(f"a{index}")) for index in range(args.adapters)]
+
+
+async def _client(
+    port: int, args: argparse.Namespace, jobs: asyncio.Queue[Job], sent: list[Any],
+    results: list[ChatResult],
+) -> None:  # fmt: skip
+    """Take conversations off the queue and run each turn after the last one's answer."""
+    client = ChatClient("127.0.0.1", port, args.max_tokens)
+    try:
+        while not jobs.empty():
+            job = jobs.get_nowait()
+            for turn in range(len(job.users)):
+                messages = job.messages(turn)
+                result = await client.chat(job.model, messages)
+                results.append(result)
+                sent.append((job.model, messages, result.text))
+                job.answers.append(result.text)
+    finally:
+        await client.close()
+
+
+async def _counters(workers: Sequence[Service]) -> list[dict[str, float]]:
+    """Each worker's prefix-cache counters (tokens) and requests handled."""
+    out = []
+    for worker in workers:
+        metrics = await scrape(worker.port)
+        out.append({
+            "hits": metrics.total("vllm:prefix_cache_hits_total"),
+            "queries": metrics.total("vllm:prefix_cache_queries_total"),
+            "requests": metrics.total("lorafleet_worker_requests_total"),
+        })  # fmt: skip
+    return out
+
+
+async def _one_run(args: argparse.Namespace, workload: str, router: str) -> dict[str, Any]:
+    with BenchCluster() as cluster:
+        frontend = await _serve(cluster, args, router)
+        workers = [s for s in cluster.services if s is not frontend]
+        models = [name for name, _ in _adapters(cluster, args)]
+        queue: asyncio.Queue[Job] = asyncio.Queue()
+        for job in build_jobs(workload, models, _sizes(args), seed=args.seed):
+            queue.put_nowait(job)
+        before, cpu_before = await _counters(workers), cpu_seconds(frontend.process.pid)
+        sent: list[Any] = []
+        results: list[ChatResult] = []
+        started = time.perf_counter()
+        await asyncio.gather(*(_client(frontend.port, args, queue, sent, results)
+                               for _ in range(args.clients)))  # fmt: skip
+        elapsed = time.perf_counter() - started
+        cpu = cpu_seconds(frontend.process.pid) - cpu_before
+        after = await _counters(workers)
+    return _figures(args, results, sent, elapsed, cpu, before, after)
+
+
+def _figures(
+    args: argparse.Namespace, results: list[ChatResult], sent: list[Any], elapsed: float,
+    cpu: float, before: list[dict[str, float]], after: list[dict[str, float]],
+) -> dict[str, Any]:  # fmt: skip
+    delta = [{key: a[key] - b[key] for key in a} for a, b in zip(after, before, strict=True)]
+    queries = sum(d["queries"] for d in delta)
+    per_instance = [d["requests"] for d in delta]
+    ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
+    ideal = ideal_hits(sent, args.block_size)
+    return {
+        "requests": len(results),
+        "failed": sum(1 for r in results if not r.ok),
+        "ttft_p50_ms": ms(percentile(ttfts, 0.5)),
+        "ttft_p90_ms": ms(percentile(ttfts, 0.9)),
+        "req_per_s": round(len(results) / elapsed, 2),
+        "hit_ratio": round(sum(d["hits"] for d in delta) / queries, 3) if queries else None,
+        "ideal_hit_ratio": round(ideal / queries, 3) if queries else None,
+        "busiest_over_mean": round(max(per_instance) * len(per_instance) / sum(per_instance), 2)
+        if sum(per_instance)
+        else None,
+        "frontend_cpu_ms_per_request": round(cpu * 1000 / max(1, len(results)), 3),
+    }
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    return Sizes(
+        prefixes=args.prefixes, prefix_words=args.prefix_words,
+        conversations=args.conversations, unique_requests=args.unique_requests,
+    )  # fmt: skip
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every workload under every router, each on a fresh cluster."""
+    runs = {workload: {router: await _one_run(args, workload, router) for router in args.routers}
+            for workload in args.workloads}  # fmt: skip
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    return {"bench": "prefix", "machine": machine(), "settings": settings, "results": runs}
+
+
+def _text(results: dict[str, Any], args: argparse.Namespace) -> str:
+    headers = ["workload", "router", "n", "failed", "TTFT p50 ms", "p90 ms", "req/s",
+               "hit ratio", "ideal", "busiest/mean", "frontend CPU ms/req"]  # fmt: skip
+    rows = [
+        [workload, router, f["requests"], f["failed"], f["ttft_p50_ms"], f["ttft_p90_ms"],
+         f["req_per_s"], f["hit_ratio"], f["ideal_hit_ratio"], f["busiest_over_mean"],
+         f["frontend_cpu_ms_per_request"]]
+        for workload, by_router in results["results"].items() for router, f in by_router.items()
+    ]  # fmt: skip
+    return table(headers, rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's flags."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.prefix", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--engine", default="mocker", choices=("mocker", "hf", "vllm"))
+    parser.add_argument("--model", default="demo", help="the workers' model (a path for hf/vllm)")
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="a worker flag (repeatable): --worker-arg=--max-loras=8")  # fmt: skip
+    parser.add_argument("--adapters", type=int, default=4, help="placeholder adapters (mocker)")
+    parser.add_argument("--adapter", action="append", default=[], metavar="NAME=URI",
+                        help="serve these adapters instead of placeholders (hf, vllm)")  # fmt: skip
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer")
+    parser.add_argument("--block-size", type=int, default=16, help="the engines' (for the ideal)")
+    parser.add_argument("--prefixes", type=int, default=32)
+    parser.add_argument("--prefix-words", type=int, default=2000)
+    parser.add_argument("--conversations", type=int, default=64)
+    parser.add_argument("--unique-requests", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    add_output_flags(parser)
+    return parser
+
+
+main = benchmark_main(build_parser, run, _text)
+
+if __name__ == "__main__":
+    raise SystemExit(main())
