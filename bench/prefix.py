@@ -109,48 +109,69 @@ async def _counters(workers: Sequence[Service]) -> list[dict[str, float]]:
     return out
 
 
+async def _drive(
+    port: int, models: list[str], args: argparse.Namespace, workload: str
+) -> tuple[list[ChatResult], list[Any], float]:
+    """Run ``workload``'s jobs with ``--clients`` clients: results, (model, messages,
+    answer) in sending order, and the seconds it took."""
+    queue: asyncio.Queue[Job] = asyncio.Queue()
+    for job in build_jobs(workload, models, _sizes(args), seed=args.seed):
+        queue.put_nowait(job)
+    sent: list[Any] = []
+    results: list[ChatResult] = []
+    started = time.perf_counter()
+    await asyncio.gather(*(_client(port, args, queue, sent, results)
+                           for _ in range(args.clients)))  # fmt: skip
+    return results, sent, time.perf_counter() - started
+
+
 async def _one_run(args: argparse.Namespace, workload: str, router: str) -> dict[str, Any]:
+    """One workload on a fresh lorafleet cluster whose frontend runs ``router``."""
     with BenchCluster() as cluster:
         frontend = await _serve(cluster, args, router)
         workers = [s for s in cluster.services if s is not frontend]
-        models = [name for name, _ in _adapters(cluster, args)]
-        queue: asyncio.Queue[Job] = asyncio.Queue()
-        for job in build_jobs(workload, models, _sizes(args), seed=args.seed):
-            queue.put_nowait(job)
+        models = [name for name, _ in _adapters(cluster, args)] or [args.model]
         before, cpu_before = await _counters(workers), cpu_seconds(frontend.process.pid)
-        sent: list[Any] = []
-        results: list[ChatResult] = []
-        started = time.perf_counter()
-        await asyncio.gather(*(_client(frontend.port, args, queue, sent, results)
-                               for _ in range(args.clients)))  # fmt: skip
-        elapsed = time.perf_counter() - started
+        results, sent, elapsed = await _drive(frontend.port, models, args, workload)
         cpu = cpu_seconds(frontend.process.pid) - cpu_before
         after = await _counters(workers)
-    return _figures(args, results, sent, elapsed, cpu, before, after)
-
-
-def _figures(
-    args: argparse.Namespace, results: list[ChatResult], sent: list[Any], elapsed: float,
-    cpu: float, before: list[dict[str, float]], after: list[dict[str, float]],
-) -> dict[str, Any]:  # fmt: skip
     delta = [{key: a[key] - b[key] for key in a} for a, b in zip(after, before, strict=True)]
     queries = sum(d["queries"] for d in delta)
     per_instance = [d["requests"] for d in delta]
+    return {
+        **_figures(results, elapsed, cpu),
+        "hit_ratio": round(sum(d["hits"] for d in delta) / queries, 3) if queries else None,
+        "ideal_hit_ratio": round(ideal_hits(sent, args.block_size) / queries, 3)
+        if queries else None,
+        "busiest_over_mean": round(max(per_instance) * len(per_instance) / sum(per_instance), 2)
+        if sum(per_instance) else None,
+    }  # fmt: skip
+
+
+async def _target_run(args: argparse.Namespace, workload: str) -> dict[str, Any]:
+    """One workload against a running OpenAI-compatible stack (``--target-url``), such as
+    Dynamo's frontend; its hit ratio comes from the answers' ``cached_tokens``."""
+    port = int(args.target_url.rsplit(":", 1)[1].strip("/"))
+    cpu_before = cpu_seconds(args.target_pid) if args.target_pid else 0.0
+    results, _sent, elapsed = await _drive(port, args.target_model, args, workload)
+    cpu = cpu_seconds(args.target_pid) - cpu_before if args.target_pid else 0.0
+    return _figures(results, elapsed, cpu)
+
+
+def _figures(results: list[ChatResult], elapsed: float, cpu: float) -> dict[str, Any]:
+    """The figures every run has: from the clients' own readings."""
     ttfts = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
-    ideal = ideal_hits(sent, args.block_size)
+    prompt = sum(r.prompt_tokens for r in results)
     return {
         "requests": len(results),
         "failed": sum(1 for r in results if not r.ok),
         "ttft_p50_ms": ms(percentile(ttfts, 0.5)),
         "ttft_p90_ms": ms(percentile(ttfts, 0.9)),
         "req_per_s": round(len(results) / elapsed, 2),
-        "hit_ratio": round(sum(d["hits"] for d in delta) / queries, 3) if queries else None,
-        "ideal_hit_ratio": round(ideal / queries, 3) if queries else None,
-        "busiest_over_mean": round(max(per_instance) * len(per_instance) / sum(per_instance), 2)
-        if sum(per_instance)
-        else None,
+        "answered_hit_ratio": round(sum(r.cached_tokens for r in results) / prompt, 3)
+        if prompt else None,
         "frontend_cpu_ms_per_request": round(cpu * 1000 / max(1, len(results)), 3),
-    }
+    }  # fmt: skip
 
 
 def _sizes(args: argparse.Namespace) -> Sizes:
@@ -162,19 +183,24 @@ def _sizes(args: argparse.Namespace) -> Sizes:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every workload under every router, each on a fresh cluster."""
-    runs = {workload: {router: await _one_run(args, workload, router) for router in args.routers}
-            for workload in args.workloads}  # fmt: skip
+    if args.target_url:
+        runs = {workload: {args.target_label: await _target_run(args, workload)}
+                for workload in args.workloads}  # fmt: skip
+    else:
+        runs = {workload: {router: await _one_run(args, workload, router)
+                           for router in args.routers}
+                for workload in args.workloads}  # fmt: skip
     settings = {k: v for k, v in vars(args).items() if k != "json"}
     return {"bench": "prefix", "machine": machine(), "settings": settings, "results": runs}
 
 
 def _text(results: dict[str, Any], args: argparse.Namespace) -> str:
     headers = ["workload", "router", "n", "failed", "TTFT p50 ms", "p90 ms", "req/s",
-               "hit ratio", "ideal", "busiest/mean", "frontend CPU ms/req"]  # fmt: skip
+               "hit ratio", "ideal", "answered", "busiest/mean", "frontend CPU ms/req"]  # fmt: skip
     rows = [
         [workload, router, f["requests"], f["failed"], f["ttft_p50_ms"], f["ttft_p90_ms"],
-         f["req_per_s"], f["hit_ratio"], f["ideal_hit_ratio"], f["busiest_over_mean"],
-         f["frontend_cpu_ms_per_request"]]
+         f["req_per_s"], f.get("hit_ratio"), f.get("ideal_hit_ratio"), f["answered_hit_ratio"],
+         f.get("busiest_over_mean"), f["frontend_cpu_ms_per_request"]]
         for workload, by_router in results["results"].items() for router, f in by_router.items()
     ]  # fmt: skip
     return table(headers, rows)
@@ -194,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="demo", help="the workers' model (a path for hf/vllm)")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="a worker flag (repeatable): --worker-arg=--max-loras=8")  # fmt: skip
-    parser.add_argument("--adapters", type=int, default=4, help="placeholder adapters (mocker)")
+    parser.add_argument("--adapters", type=int, default=4,
+                        help="placeholder adapters (mocker; 0: the base model alone)")  # fmt: skip
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=URI",
                         help="serve these adapters instead of placeholders (hf, vllm)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per answer")
@@ -204,6 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--unique-requests", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--target-url",
+        default="",
+        help="drive this running stack instead of starting lorafleet clusters",
+    )
+    parser.add_argument(
+        "--target-model",
+        nargs="+",
+        default=["demo"],
+        help="with --target-url: the models to spread the workload over",
+    )
+    parser.add_argument("--target-label", default="target", help="with --target-url: its row")
+    parser.add_argument("--target-pid", type=int, default=0,
+                        help="with --target-url: its frontend pid (CPU per request)")  # fmt: skip
     add_output_flags(parser)
     return parser
 
