@@ -31,6 +31,7 @@ from lorafleet.proto.openai import (
     ChatContentPart,
     ChatRequestMessage,
     CompletionRequest,
+    PromptTokensDetails,
     UsageInfo,
 )
 
@@ -64,10 +65,14 @@ def openai_finish_reason(reason: FinishReason) -> str:
 
 def usage_info(usage: Usage) -> UsageInfo:
     """OpenAI's usage object from the worker's counts."""
+    cached = usage.cached_tokens
     return UsageInfo(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=msgspec.UNSET
+        if cached is None
+        else PromptTokensDetails(cached_tokens=cached),
     )
 
 

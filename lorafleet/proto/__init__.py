@@ -156,6 +156,7 @@ from lorafleet.proto.openai import (
     ModelStatus,
     OpenAIError,
     OpenAIErrorResponse,
+    PromptTokensDetails,
     StreamOptions,
     UsageInfo,
 )
@@ -306,6 +307,7 @@ __all__ = [
     "OpenAIErrorResponse",
     "PingRequest",
     "PromoteRequest",
+    "PromptTokensDetails",
     "RateLimitedError",
     "RollbackRequest",
     "Rollout",

@@ -170,6 +170,9 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int | None = None
+    """Prompt tokens the engine found in its prefix cache (vLLM's ``num_cached_tokens``);
+    None from an engine that keeps no prefix cache."""
 
     @property
     def total_tokens(self) -> int:

@@ -223,12 +223,20 @@ class CompletionRequest(_Sampling, kw_only=True, frozen=True):
     """Refused unless empty: no engine here fills in the middle."""
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True, frozen=True):
+    """OpenAI's breakdown of the prompt tokens: those served from the prefix cache."""
+
+    cached_tokens: int = 0
+
+
 class UsageInfo(msgspec.Struct, kw_only=True, frozen=True):
     """Token counts of a request, as OpenAI reports them."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | msgspec.UnsetType = msgspec.UNSET
+    """Only from engines that keep a prefix cache (the mocker, vLLM)."""
 
 
 class ChatTopLogprob(msgspec.Struct, kw_only=True, frozen=True):
