@@ -60,7 +60,7 @@ async def _serve(cluster: BenchCluster, args: argparse.Namespace, router: str) -
             status = await admin(worker, "load_lora", {"lora_name": name, "source": {"uri": uri}})
             if status != 200:
                 raise RuntimeError(f"load_lora of {name!r} answered HTTP {status}")
-    frontend = cluster.frontend("--router", router)
+    frontend = cluster.frontend("--router", router, *args.frontend_arg)
     wanted = {name for name, _ in _adapters(cluster, args)}
     async with httpx.AsyncClient(timeout=10) as http, asyncio.timeout(READY_TIMEOUT_S):
         while not wanted <= {
@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="demo", help="the workers' model (a path for hf/vllm)")
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="a worker flag (repeatable): --worker-arg=--max-loras=8")  # fmt: skip
+    parser.add_argument("--frontend-arg", action="append", default=[],
+                        help="a frontend flag (repeatable): --frontend-arg=--router=x")  # fmt: skip
     parser.add_argument("--adapters", type=int, default=4,
                         help="placeholder adapters (mocker; 0: the base model alone)")  # fmt: skip
     parser.add_argument("--adapter", action="append", default=[], metavar="NAME=URI",
