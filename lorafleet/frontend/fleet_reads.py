@@ -26,7 +26,7 @@ from lorafleet.proto.aliases import Alias
 from lorafleet.proto.errors import UnauthorizedError
 from lorafleet.proto.tenants import Tenant, may_use
 
-__all__ = ["EVERY_NAME", "READ", "FleetView", "fleet_view", "require_metrics_token"]
+__all__ = ["EVERY_NAME", "FleetView", "READ", "fleet_view", "require_metrics_token"]
 
 
 class FleetView:

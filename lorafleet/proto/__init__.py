@@ -163,6 +163,7 @@ from lorafleet.proto.slo import (
 )
 from lorafleet.proto.tenants import (
     API_KEY_PREFIX,
+    MIN_REQUESTS_PER_S,
     ApiKeyCreated,
     ApiKeyList,
     ApiKeyRecord,
@@ -277,6 +278,7 @@ __all__ = [
     "MAX_SLO_MS",
     "MAX_TOKENS_LIMIT",
     "MAX_URI_CHARS",
+    "MIN_REQUESTS_PER_S",
     "ModelDeploymentCard",
     "ModelList",
     "ModelObject",
