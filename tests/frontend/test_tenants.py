@@ -232,8 +232,9 @@ async def _declare(http: httpx.AsyncClient, root: Path, name: str) -> None:
 
 
 async def test_the_fleets_state_shows_a_key_only_its_tenants_names(
-    fleet: Fleet, tmp_path: Path
-) -> None:
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """Issue 39, item 3: listings and ``/metrics`` must not undo the generate routes' 404."""
     await _declare(fleet.admin, tmp_path, "b-bot")
     await _declare(fleet.admin, tmp_path, "a-secret")
@@ -261,6 +262,10 @@ async def test_the_fleets_state_shows_a_key_only_its_tenants_names(
         assert foreign.text.replace(hidden, absent) == nobody.text  # the same "does not exist"
     everything = await http.get("/v1/adapters", headers=ADMIN)
     assert [a["name"] for a in everything.json()["data"]] == ["a-secret", "b-bot"]
+    monkeypatch.setenv("DYN_ADMIN_TOKEN", "adm1n")  # the CLI's reads send it
+    assert await _cli("lora", "status", "--frontend", fleet.frontends[1].url) == 0
+    shown = capsys.readouterr().out
+    assert "a-secret-alias" in shown and "b-bot-alias" in shown
     for headers in ({}, mine, ADMIN):  # /metrics is behind its own token
         assert (await http.get("/metrics", headers=headers)).status_code == 401
     assert (await http.get("/metrics", headers=METRICS)).status_code == 200
