@@ -171,6 +171,7 @@ def test_prometheus_sends_the_frontends_metrics_token() -> None:
                         ("admin-token", frontend_reads)):  # fmt: skip
         mounts = {m["target"]: m["source"] for m in services[name]["volumes"]}
         assert mounts.get(str(where.parent)) == "metrics-token", (name, mounts)
+    assert "admin-token" in services["prometheus"]["depends_on"]  # it fills the volume first
 
 
 def test_compose_needs_no_variable_set() -> None:
