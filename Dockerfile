@@ -17,7 +17,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/data/cache/huggingface
 # Volumes mounted on /data/* start with this ownership, so the processes run unprivileged.
 RUN useradd --create-home --uid 1000 --user-group lorafleet \
- && mkdir -p /data/adapters /data/cache /data/secrets \
+ && mkdir -p /data/adapters /data/cache /data/secrets /data/metrics \
  && chown -R lorafleet:lorafleet /data
 COPY pyproject.toml scripts/pyproject_requirements.py /tmp/deps/
 WORKDIR /app

@@ -46,11 +46,14 @@ class WatchCache(Generic[T]):
         decode: Callable[[bytes], T],
         *,
         page_keys: int = LIST_PAGE_KEYS,
+        hide_keys: bool = False,
     ) -> None:
         self._etcd = etcd
         self.prefix = prefix
         self._decode = decode
         self._page_keys = page_keys
+        self._hide_keys = hide_keys
+        """Log only the prefix, never a key: the keys are secrets' hashes (API keys)."""
         self._items: dict[str, T] = {}
         self.revision = 0
         self.changes = 0
@@ -72,9 +75,11 @@ class WatchCache(Generic[T]):
         decode: Callable[[bytes], T],
         *,
         page_keys: int = LIST_PAGE_KEYS,
+        hide_keys: bool = False,
     ) -> WatchCache[T]:
-        """List ``prefix`` now (raises ``EtcdUnavailableError``) and follow it from there."""
-        cache = cls(etcd, prefix, decode, page_keys=page_keys)
+        """List ``prefix`` now (raises ``EtcdUnavailableError``) and follow it from there;
+        ``hide_keys``: logs name the prefix, never a key."""
+        cache = cls(etcd, prefix, decode, page_keys=page_keys, hide_keys=hide_keys)
         await cache._relist()
         cache._task = asyncio.create_task(cache._watch_loop(), name=f"watch {prefix}")
         return cache
@@ -242,14 +247,19 @@ class WatchCache(Generic[T]):
             try:
                 listener(key, old, new)
             except Exception:
-                log.exception("watch listener failed", key=key)
+                log.exception("watch listener failed", key=self._shown(key))
 
     def _decode_or_none(self, key: str, raw: bytes) -> T | None:
         try:
             return self._decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            log.error("skipping record that does not decode", key=key, error=str(exc))
+            log.error("skipping record that does not decode", key=self._shown(key),
+                      error=str(exc))  # fmt: skip
             return None
+
+    def _shown(self, key: str) -> str:
+        """``key`` as logs show it: only the prefix when keys are hidden."""
+        return f"{self.prefix}<hidden>" if self._hide_keys else key
 
     async def _notify(self) -> None:
         async with self._changed:

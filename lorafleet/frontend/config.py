@@ -75,6 +75,12 @@ class FrontendConfig(ConnectionSettings):
         "<token>; unset, they are open and the frontend warns at start",
         more="`lorafleet lora apply/delete` send it.",
     )  # fmt: skip
+    metrics_token: str | None = setting(
+        None, env="DYN_METRICS_TOKEN", secret=True,
+        help="when set, /metrics needs Authorization: Bearer <token>; unset, /metrics is "
+        "open until the first tenant exists and refused (401) from then on",
+        more="Its series name every tenant's models; see [`docs/tenants.md`](docs/tenants.md).",
+    )  # fmt: skip
     worker_token: str | None = setting(
         None, env="DYN_SYSTEM_AUTH_TOKEN", secret=True,
         help="the workers' token, sent with the frontend's on-demand loads over NATS",

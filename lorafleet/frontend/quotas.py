@@ -15,10 +15,13 @@ from typing import Final
 from lorafleet.proto.errors import RateLimitedError
 from lorafleet.proto.tenants import Tenant
 
-__all__ = ["TenantQuota", "TokenBucket"]
+__all__ = ["MAX_RETRY_AFTER_S", "TenantQuota", "TokenBucket"]
 
 TOKEN_WINDOW_S: Final = 60.0
 """The token limit is per minute: a frontend may spend its minute's share at once."""
+MAX_RETRY_AFTER_S: Final = 60
+"""The longest ``Retry-After`` a refusal names: a slow rate (0.001/s over 16 frontends is one
+request in 4.4 hours) is still asked about within the minute, and the header stays short."""
 
 
 class TokenBucket:
@@ -43,8 +46,9 @@ class TokenBucket:
         self._level = self.level() - units
 
     def wait_s(self, needed: float) -> int:
-        """Whole seconds until ``needed`` units are there (at least 1)."""
-        return max(1, math.ceil((needed - self.level()) / self.rate))
+        """Whole seconds until ``needed`` units are there: 1 to ``MAX_RETRY_AFTER_S``."""
+        seconds = (needed - self.level()) / self.rate  # inf for a rate near zero
+        return max(1, math.ceil(min(seconds, MAX_RETRY_AFTER_S)))
 
 
 class TenantQuota:

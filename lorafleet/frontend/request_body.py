@@ -111,15 +111,16 @@ async def read_body(scope: HTTPScope, receive: Receive) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def decode_json(body: bytes, body_type: type[_T] | Any = Any) -> _T:
-    """``body`` as ``body_type`` (strings of numbers accepted as numbers, as Litestar
-    decodes); ``InvalidBodyError`` naming the problem and the field when it is not,
-    and when it nests deeper than ``MAX_JSON_DEPTH`` (msgspec would recurse: a 500)."""
+def decode_json(body: bytes, body_type: type[_T] | Any = Any, *, strict: bool = False) -> _T:
+    """``body`` as ``body_type``; ``InvalidBodyError`` naming the problem and the field when
+    it is not, and when it nests deeper than ``MAX_JSON_DEPTH`` (msgspec would recurse: a
+    500). Unless ``strict``, strings of numbers are accepted as numbers, as OpenAI's and
+    vLLM's servers accept them; the admin routes' records are decoded ``strict``."""
     if not body or body.isspace():  # no stripped copy of a large body
         raise InvalidBodyError("Invalid request body: the body is empty; send a JSON object")
     check_json_depth(body)
     try:
-        decoded: _T = msgspec.json.decode(body, type=body_type, strict=False)
+        decoded: _T = msgspec.json.decode(body, type=body_type, strict=strict)
     except msgspec.ValidationError as exc:
         message, param = _describe_validation(str(exc))
         raise InvalidBodyError(message, param) from None

@@ -120,7 +120,9 @@ class TenantGate:
         """Follow tenants, keys and frontends, and mark this frontend live under ``lease``
         (the frontend's; its owner revokes it, and the mark goes with it)."""
         tenants = await WatchCache.start(etcd, tenants_prefix(namespace), decode_tenant)
-        keys = await WatchCache.start(etcd, api_keys_prefix(namespace), decode_api_key)
+        keys = await WatchCache.start(
+            etcd, api_keys_prefix(namespace), decode_api_key, hide_keys=True
+        )  # a key's etcd name is its hash: never logged
         frontends = await WatchCache.start(etcd, frontends_prefix(namespace), decode_presence)
         presence = FrontendPresence(started=int(time.time()))
         await lease.put(frontend_key(namespace, os.urandom(6).hex()), msgspec.json.encode(presence))
@@ -149,7 +151,8 @@ class TenantGate:
         ``UnauthorizedError``."""
         if not self.keyed:
             return None
-        key = (authorization or "").removeprefix(_BEARER)
+        header = authorization or ""
+        key = header.removeprefix(_BEARER) if header.startswith(_BEARER) else ""
         record = self._keys.items.get(api_key_key(self.namespace, key_hash(key))) if key else None
         tenant = None if record is None else self.tenant(record.tenant)
         if tenant is None:
@@ -221,7 +224,15 @@ class TenantGate:
         return sorted(self._tenants.items.values(), key=lambda tenant: tenant.name)
 
     async def put_tenant(self, tenant: Tenant) -> Tenant:
-        """Create or replace a tenant."""
+        """Create or replace a tenant; creating one is refused while keys of a deleted tenant
+        of that name are left, which the new tenant would otherwise let in again."""
+        if self.tenant(tenant.name) is None:
+            left = self._key_ids_of(tenant.name)
+            if left:
+                raise ConflictError(
+                    f"keys {left} of an earlier tenant {tenant.name!r} are left; revoke them "
+                    "first (lorafleet keys revoke ID): a new tenant must not inherit them"
+                )
         key = tenant_key(self.namespace, tenant.name)
         with self._etcd.errors("put", key):
             await self._etcd.put(key.encode(), msgspec.json.encode(tenant))
@@ -233,7 +244,7 @@ class TenantGate:
         """Delete a tenant; refused while keys of it exist (revoke them first)."""
         if self.tenant(name) is None:
             raise NotFoundError(f"tenant {name!r} does not exist")
-        held = [key_id(h) for h, record in self._hashed_keys().items() if record.tenant == name]
+        held = self._key_ids_of(name)
         if held:
             raise ConflictError(f"tenant {name!r} still has keys {held}; revoke them first")
         key = tenant_key(self.namespace, name)
@@ -250,9 +261,9 @@ class TenantGate:
         hashed = key_hash(key)
         record = ApiKeyRecord(tenant=tenant, created=int(time.time()), note=note)
         etcd_key = api_key_key(self.namespace, hashed)
-        with self._etcd.errors("put", etcd_key):
+        with self._etcd.errors("put", api_keys_prefix(self.namespace)):  # no hash in errors
             await self._etcd.put(etcd_key.encode(), msgspec.json.encode(record))
-        log.info("API key created", tenant=tenant, key_id=key_id(hashed))
+        log.info("API key created", tenant=tenant)  # neither the key nor its hash or id
         await synced(self._keys, lambda items: etcd_key in items)
         return ApiKeyCreated(key=key, id=key_id(hashed), tenant=tenant)
 
@@ -266,14 +277,21 @@ class TenantGate:
 
     async def revoke_key(self, wanted: str) -> None:
         """Delete the key whose id is ``wanted``: refused on every frontend from then on."""
-        found = [h for h in self._hashed_keys() if key_id(h) == wanted]
+        found = [(h, record) for h, record in self._hashed_keys().items() if key_id(h) == wanted]
         if not found:
             raise NotFoundError(f"no API key has id {wanted!r}; 'lorafleet keys list' shows them")
-        etcd_key = api_key_key(self.namespace, found[0])
-        with self._etcd.errors("delete", etcd_key):
+        hashed, record = found[0]
+        etcd_key = api_key_key(self.namespace, hashed)
+        with self._etcd.errors("delete", api_keys_prefix(self.namespace)):
             await self._etcd.delete(etcd_key.encode())
-        log.info("API key revoked", key_id=wanted)
+        log.info("API key revoked", tenant=record.tenant)
         await synced(self._keys, lambda items: etcd_key not in items)
+
+    def _key_ids_of(self, tenant: str) -> list[str]:
+        """The ids of every key of ``tenant``."""
+        return sorted(
+            key_id(h) for h, record in self._hashed_keys().items() if record.tenant == tenant
+        )
 
     def _hashed_keys(self) -> dict[str, ApiKeyRecord]:
         prefix = api_keys_prefix(self.namespace)

@@ -23,7 +23,12 @@ import msgspec
 from lorafleet.discovery.client import connect_etcd
 from lorafleet.discovery.keys import instance_prefix
 from lorafleet.discovery.settings import EtcdSettings
-from lorafleet.launch.fleet_status import DEFAULT_APPLY_WAIT_S, describe, settled_status
+from lorafleet.launch.fleet_status import (
+    DEFAULT_APPLY_WAIT_S,
+    admin_token_header,
+    describe,
+    settled_status,
+)
 from lorafleet.launch.table import print_table
 from lorafleet.proto.adapters import (
     AdapterSpec,
@@ -126,8 +131,7 @@ def _print_lora_answers(action: str, answers: list[dict[str, Any]], *, as_json: 
 
 def admin_headers() -> dict[str, str]:
     """JSON headers with ``DYN_ADMIN_TOKEN`` as the bearer token when it is set."""
-    token = os.environ.get("DYN_ADMIN_TOKEN")
-    return {"Authorization": f"Bearer {token}", **_JSON} if token else _JSON
+    return {**admin_token_header(), **_JSON}
 
 
 def admin_request(

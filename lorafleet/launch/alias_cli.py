@@ -18,6 +18,7 @@ import httpx
 import msgspec
 
 from lorafleet.launch.admin import admin_request
+from lorafleet.launch.fleet_status import admin_token_header
 from lorafleet.launch.table import print_table
 from lorafleet.proto.aliases import (
     AliasRequest,
@@ -136,7 +137,7 @@ def _target(text: str) -> AliasTarget:
 def _status(frontend: str, name: str | None, *, as_json: bool) -> int:
     url = f"{frontend}/v1/aliases" + (f"/{quote(name)}" if name else "")
     try:
-        response = httpx.get(url, timeout=10)
+        response = httpx.get(url, headers=admin_token_header(), timeout=10)
         answer: Any = response.json()
     except (httpx.HTTPError, ValueError) as exc:
         print(f"cannot read aliases at {url}: {exc}")

@@ -3,13 +3,15 @@
 ``lorafleet lora list`` prints the table after the workers' own: every adapter,
 declared or loaded straight onto workers (``unmanaged``, ``evicted``), with its
 content digest; ``lorafleet lora apply`` waits here until the adapter leaves
-``pending``/``loading`` and prints where it ended. Reads only (no token needed);
-the states are in docs/fleet.md.
+``pending``/``loading`` and prints where it ended. Reads only; they send ``DYN_ADMIN_TOKEN``
+when it is set, since once tenants exist the frontend shows the fleet only to the admin
+token or an API key (docs/tenants.md). The states are in docs/fleet.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any, Final
@@ -18,8 +20,15 @@ from urllib.parse import quote
 import httpx
 
 from lorafleet.launch.table import print_table
+from lorafleet.process.auth import bearer_header
 
-__all__ = ["DEFAULT_APPLY_WAIT_S", "describe", "print_fleet", "settled_status"]
+__all__ = [
+    "DEFAULT_APPLY_WAIT_S",
+    "admin_token_header",
+    "describe",
+    "print_fleet",
+    "settled_status",
+]
 
 DEFAULT_APPLY_WAIT_S: Final = 10.0
 POLL_INTERVAL_S: Final = 0.2
@@ -30,13 +39,18 @@ DIGEST_HEX_SHOWN: Final = 12
 """Hex digits of an adapter's digest in the table (``--json`` has all of them)."""
 
 
+def admin_token_header() -> dict[str, str]:
+    """``Authorization: Bearer $DYN_ADMIN_TOKEN``, or nothing when it is not set."""
+    return bearer_header(os.environ.get("DYN_ADMIN_TOKEN")) or {}
+
+
 def settled_status(frontend_url: str, status: dict[str, Any], wait_s: float) -> dict[str, Any]:
     """``status`` asked again until its state is neither pending nor loading, or ``wait_s``."""
     deadline = time.monotonic() + wait_s
     url = f"{frontend_url}/v1/adapters/{quote(status['name'])}"
     while status.get("state") in UNSETTLED and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL_S)  # a CLI polling a frontend: no event to wait for
-        response = httpx.get(url, timeout=READ_TIMEOUT_S)
+        response = httpx.get(url, headers=admin_token_header(), timeout=READ_TIMEOUT_S)
         if not response.is_success:
             break
         status = response.json()
@@ -64,7 +78,9 @@ def describe(status: dict[str, Any], wait_s: float = DEFAULT_APPLY_WAIT_S) -> st
 def print_fleet(frontend_url: str, *, as_json: bool) -> None:
     """Print the desired adapters' table (or JSON lines); a note on stderr if unreachable."""
     try:
-        response = httpx.get(f"{frontend_url}/v1/adapters", timeout=READ_TIMEOUT_S)
+        response = httpx.get(
+            f"{frontend_url}/v1/adapters", headers=admin_token_header(), timeout=READ_TIMEOUT_S
+        )
         response.raise_for_status()
     except httpx.HTTPError as exc:
         print(f"fleet adapters: frontend {frontend_url} not reachable: {exc}", file=sys.stderr)

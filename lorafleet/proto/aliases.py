@@ -15,6 +15,7 @@ import msgspec
 
 from lorafleet.proto.adapters import LoraName
 from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.limits import MAX_SAFE_INT
 from lorafleet.proto.openai import ModelObject
 
 __all__ = [
@@ -43,6 +44,13 @@ __all__ = [
 TOTAL_WEIGHT: Final = 100
 MAX_TARGETS: Final = 16
 MAX_STEPS: Final = 16
+MIN_WINDOW_S: Final = 1.0
+"""The shortest evaluation window: a shorter one judges too few requests, and one near zero
+made every judged window a write to etcd."""
+MAX_WINDOW_S: Final = 86_400.0
+"""The longest evaluation window (a day): a rollout judged less often never ends."""
+MAX_TTFT_RATIO: Final = 1_000.0
+"""The loosest TTFT bound (the canary 1,000 times slower than the baseline): more is no bound."""
 TTFT_BOUNDS_MS: Final = (
     5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 1500, 2500, 5000, 10000, 30000,
 )  # fmt: skip
@@ -57,11 +65,12 @@ class AliasTarget(msgspec.Struct, kw_only=True, frozen=True):
     """One version an alias sends a share of its requests to."""
 
     model: LoraName
-    weight: int
+    weight: Annotated[int, msgspec.Meta(ge=0, le=TOTAL_WEIGHT)]
     """Percent of the alias's requests, 0 to 100; an alias's weights sum to 100."""
 
 
 Targets = Annotated[list[AliasTarget], msgspec.Meta(min_length=1, max_length=MAX_TARGETS)]
+Step = Annotated[int, msgspec.Meta(ge=1, le=TOTAL_WEIGHT)]
 
 
 class RolloutPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -74,14 +83,16 @@ class RolloutPolicy(msgspec.Struct, kw_only=True, frozen=True):
         RolloutPolicy(max_error_rate=0.01, min_requests=200)
     """
 
-    max_error_rate: float = 0.05
+    max_error_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.05
     """Roll back when more than this share of the canary's requests in a window failed."""
-    max_ttft_p95_ratio: float = 1.5
+    max_ttft_p95_ratio: Annotated[float, msgspec.Meta(gt=0, le=MAX_TTFT_RATIO)] = 1.5
     """Roll back when the canary's TTFT p95 exceeds the baseline's times this."""
-    min_requests: int = 20
+    min_requests: Annotated[int, msgspec.Meta(ge=1, le=MAX_SAFE_INT)] = 20
     """A window with fewer canary requests is not judged (it counts as waiting)."""
-    window_s: float = 30.0
-    steps: list[int] = msgspec.field(default_factory=list)
+    window_s: Annotated[float, msgspec.Meta(ge=MIN_WINDOW_S, le=MAX_WINDOW_S)] = 30.0
+    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_STEPS)] = msgspec.field(
+        default_factory=list
+    )
     """Canary weights, rising to 100 (e.g. ``[10, 50, 100]``); each healthy window moves one
     step up. Empty: the canary keeps the rollout's ``weight`` until promoted by hand."""
 
@@ -150,8 +161,8 @@ class RolloutRequest(msgspec.Struct, kw_only=True, frozen=True):
     alias: LoraName
     canary: LoraName
     baseline: LoraName | None = None
-    weight: int | None = None
-    """The canary's first weight (default: the first step, else 10)."""
+    weight: Annotated[int, msgspec.Meta(ge=1, le=TOTAL_WEIGHT - 1)] | None = None
+    """The canary's first weight, 1 to 99 (default: the first step, else 10)."""
     policy: RolloutPolicy = msgspec.field(default_factory=RolloutPolicy)
 
 
@@ -238,17 +249,8 @@ def validate_alias_shape(name: str, targets: list[AliasTarget]) -> None:
 
 
 def validate_policy(policy: RolloutPolicy) -> None:
-    """Raise ``InvalidRequestError`` unless ``policy``'s bounds and steps make sense."""
-    if not 0 <= policy.max_error_rate <= 1:
-        raise InvalidRequestError(
-            f"max_error_rate is {policy.max_error_rate}; use a share from 0 to 1"
-        )
-    if policy.max_ttft_p95_ratio <= 0 or policy.window_s <= 0 or policy.min_requests < 1:
-        raise InvalidRequestError(
-            "max_ttft_p95_ratio and window_s must be positive and min_requests at least 1"
-        )
+    """Raise ``InvalidRequestError`` unless ``policy``'s steps rise to 100 (its numbers'
+    ranges are ``Meta`` constraints, checked as it decodes)."""
     steps = policy.steps
-    if len(steps) > MAX_STEPS or any(not 0 < s <= TOTAL_WEIGHT for s in steps):
-        raise InvalidRequestError(f"steps {steps} must be at most {MAX_STEPS} weights in 1-100")
     if steps and (steps != sorted(set(steps)) or steps[-1] != TOTAL_WEIGHT):
         raise InvalidRequestError(f"steps {steps} must rise strictly and end at 100")

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_LIST_ITEMS",
     "MAX_MODEL_NAME_CHARS",
+    "MAX_SAFE_INT",
     "MAX_SHORT_TEXT_CHARS",
     "MAX_SHOWN_CHARS",
     "MAX_TOKENS_LIMIT",
@@ -38,6 +39,10 @@ the interpreter's stack (a ``RecursionError``, once a 500)."""
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
 """``seed``'s range: vLLM's, and inside what msgpack carries (-2**63 .. 2**64 - 1)."""
+
+MAX_SAFE_INT: Final = 2**53 - 1
+"""Largest count or limit a stored record accepts (tenants' limits, rollouts' requests): every
+JSON reader keeps it exact (JavaScript's ``Number.MAX_SAFE_INTEGER``), and so does a float."""
 
 MAX_TOKENS_LIMIT: Final = 2**31 - 1
 """Largest ``max_tokens`` accepted; the model's context length usually refuses far less."""

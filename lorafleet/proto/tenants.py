@@ -16,6 +16,8 @@ from typing import Annotated, Final
 
 import msgspec
 
+from lorafleet.proto.limits import MAX_SAFE_INT
+
 __all__ = [
     "API_KEY_PREFIX",
     "ApiKeyCreated",
@@ -24,6 +26,7 @@ __all__ = [
     "ApiKeyRequest",
     "ApiKeyView",
     "FrontendPresence",
+    "MIN_REQUESTS_PER_S",
     "Tenant",
     "TenantList",
     "TenantName",
@@ -40,6 +43,13 @@ API_KEY_PREFIX: Final = "lf-"
 KEY_ID_CHARS: Final = 12
 """How many hex digits of a key's hash name it in lists and ``revoke`` (never the key)."""
 
+MIN_REQUESTS_PER_S: Final = 0.001
+"""The slowest request rate a tenant may have (one request in about 17 minutes): a rate
+nearer zero is a mistake, and its ``Retry-After`` would be a number of hundreds of digits."""
+
+Limit = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INT)]
+"""A count limit: 0 for none, else at most ``MAX_SAFE_INT``."""
+
 TenantName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 ModelPattern = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 MAX_PATTERNS: Final = 256
@@ -55,13 +65,23 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
     models: Annotated[list[ModelPattern], msgspec.Meta(min_length=1, max_length=MAX_PATTERNS)] = (
         msgspec.field(default_factory=lambda: ["*"])
     )
-    requests_per_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    tokens_per_min: Annotated[int, msgspec.Meta(ge=0)] = 0
+    requests_per_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_SAFE_INT)] = 0.0
+    """0, or at least ``MIN_REQUESTS_PER_S``."""
+    tokens_per_min: Limit = 0
     """Prompt plus completion tokens per minute."""
-    max_concurrent: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_concurrent: Limit = 0
     priority: Annotated[int, msgspec.Meta(ge=0, le=9)] = 0
     """Higher is served first while the fleet is saturated; the lowest is shed first
     (``lorafleet/frontend/admission.py``)."""
+
+    def __post_init__(self) -> None:
+        """Refuse a rate above zero but below ``MIN_REQUESTS_PER_S`` (msgspec makes the
+        ``ValueError`` a validation error: a 400 over HTTP, a skipped record in etcd)."""
+        if 0 < self.requests_per_s < MIN_REQUESTS_PER_S:
+            raise ValueError(
+                f"requests_per_s is {self.requests_per_s:g}; use 0 for no limit or at least "
+                f"{MIN_REQUESTS_PER_S:g}"
+            )
 
 
 class TenantList(msgspec.Struct, kw_only=True, frozen=True):

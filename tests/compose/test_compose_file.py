@@ -21,6 +21,7 @@ PORT_BY_COMMAND: Final = {"lorafleet.worker": 8081, "lorafleet.frontend": 8000}
 """Where each lorafleet process serves /metrics inside its container."""
 DEFAULT_SERVICES: Final = {"adapters", "admin-token", "etcd", "frontend", "nats", "worker"}
 TOKEN_FILE: Final = "/data/secrets/admin_token"
+METRICS_TOKEN_FILE: Final = "/data/metrics/metrics_token"
 
 
 def broken_copy(tmp_path: Path, old: str, new: str) -> Path:
@@ -121,8 +122,8 @@ def promtool() -> str:
 
 
 def test_prometheus_config_passes_promtool() -> None:
-    result = subprocess.run(
-        [promtool(), "check", "config", str(MONITORING / "prometheus.yml")],
+    result = subprocess.run(  # the metrics token file exists only in Prometheus's container
+        [promtool(), "check", "config", "--syntax-only", str(MONITORING / "prometheus.yml")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -132,8 +133,9 @@ def test_promtool_refuses_a_broken_prometheus_config(tmp_path: Path) -> None:
     broken = tmp_path / "prometheus.yml"
     broken.write_text((MONITORING / "prometheus.yml").read_text().replace("port: 8000", "port: x"))
     result = subprocess.run(
-        [promtool(), "check", "config", str(broken)], capture_output=True, text=True, check=False
-    )
+        [promtool(), "check", "config", "--syntax-only", str(broken)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert result.returncode != 0
 
 
@@ -154,6 +156,22 @@ def test_prometheus_scrapes_every_frontend_and_worker_service_on_its_metrics_por
         for name in sd["names"]
     }
     assert wanted and scraped == wanted
+
+
+def test_prometheus_sends_the_frontends_metrics_token() -> None:
+    """Once tenants exist a frontend's /metrics needs its token (docs/tenants.md): the
+    frontend and Prometheus read the one file the admin-token job generates."""
+    services = resolved("--profile", "monitoring")["services"]
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "lorafleet-frontend"]
+    scraped_with = Path(job["authorization"]["credentials_file"])
+    frontend_reads = Path(services["frontend"]["environment"]["DYN_METRICS_TOKEN_FILE"])
+    assert scraped_with.name == frontend_reads.name
+    for name, where in (("prometheus", scraped_with), ("frontend", frontend_reads),
+                        ("admin-token", frontend_reads)):  # fmt: skip
+        mounts = {m["target"]: m["source"] for m in services[name]["volumes"]}
+        assert mounts.get(str(where.parent)) == "metrics-token", (name, mounts)
+    assert "admin-token" in services["prometheus"]["depends_on"]  # it fills the volume first
 
 
 def test_compose_needs_no_variable_set() -> None:
@@ -180,9 +198,11 @@ def test_a_token_from_the_shell_reaches_the_frontend_and_the_adapters_job() -> N
 
 
 def test_the_admin_token_job_makes_a_private_token_once_and_says_where(tmp_path: Path) -> None:
+    """And the metrics token, readable by Prometheus's user, once (a different token)."""
     command = resolved()["services"]["admin-token"]["command"]
     assert command[:2] == ["sh", "-c"]
     script = command[2].replace(TOKEN_FILE, str(tmp_path / "admin_token"), 2)  # not the echo
+    script = script.replace(METRICS_TOKEN_FILE, str(tmp_path / "metrics_token"))
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     first = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env,
                            check=True, timeout=60)  # fmt: skip
@@ -192,8 +212,13 @@ def test_the_admin_token_job_makes_a_private_token_once_and_says_where(tmp_path:
     assert token_file.stat().st_mode & 0o777 == 0o600
     assert "docker compose exec frontend cat /data/secrets/admin_token" in first.stdout
     assert token not in first.stdout  # where to read it, never the token itself
+    metrics_file = tmp_path / "metrics_token"
+    metrics_token = metrics_file.read_text().strip()
+    assert len(metrics_token) == 32 and metrics_token != token
+    assert metrics_file.stat().st_mode & 0o777 == 0o644
     subprocess.run(["sh", "-c", script], env=env, check=True, timeout=60)
     assert token_file.read_text().strip() == token  # kept across restarts
+    assert metrics_file.read_text().strip() == metrics_token
 
 
 def test_etcd_is_published_on_loopback_only() -> None:

@@ -241,7 +241,7 @@ BAD_ALIASES = [
     ("bot2", {"ghost": 100}, 400, "'ghost' of alias 'bot2' does not exist"),
     ("bot2", {"bot-v1": 50, "other-v1": 50}, 400, "different base models"),
     ("bot2", {"bot-v1": 50, "bot-v2": 40}, 400, "sum to 90"),
-    ("bot2", {"bot-v1": -10, "bot-v2": 110}, 400, "weight of 'bot-v1'"),
+    ("bot2", {"bot-v1": -10, "bot-v2": 110}, 400, "targets[0].weight: Expected `int` >= 0"),
     ("bot-v2", {"bot-v1": 100}, 409, "'bot-v2' is an adapter the fleet serves"),
     ("demo", {"bot-v1": 100}, 409, "'demo' is a base model"),
     ("other-v1", {"bot-v1": 100}, 409, "'other-v1' is a declared adapter"),
@@ -265,7 +265,7 @@ async def test_each_bad_alias_is_refused_naming_the_problem_and_changes_nothing(
 BAD_ROLLOUTS = [
     ({"canary": "ghost"}, 400, "canary 'ghost' of alias 'bot' is not declared"),
     ({"canary": "other-v1"}, 400, "different base models"),
-    ({"canary": "bot-v2", "weight": 100}, 400, "must be 1 to 99"),
+    ({"canary": "bot-v2", "weight": 100}, 400, "weight: Expected `int` <= 99"),
     ({"canary": "bot-v2", "policy": {"steps": [50, 10]}}, 400, "rise strictly"),
     ({"canary": "bot-v2", "policy": {"max_error_rate": 2}}, 400, "max_error_rate"),
     ({"alias": "new", "canary": "bot-v2"}, 409, "name its current version as baseline"),

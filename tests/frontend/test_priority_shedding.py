@@ -37,7 +37,7 @@ async def frontend(
     await asyncio.to_thread(lora_workers, 1, "--engine-option", "time_per_token_s=0.08")
     config = FrontendConfig(
         namespace=namespace, etcd=EtcdSettings.from_endpoints(etcd_url), nats_server=nats_url,
-        dispatch=FAST_DISPATCH, admin_token="adm1n",
+        dispatch=FAST_DISPATCH, admin_token="adm1n", metrics_token="m3trics",
         admission=AdmissionSettings(fleet_max_inflight=SLOTS, wait_s=WAIT_S),
     )  # fmt: skip
     async with run_frontend(config) as running:
@@ -88,7 +88,7 @@ async def test_under_saturation_the_high_priority_tenant_is_served_and_the_low_o
         assert "fleet is saturated" in message and "tenant 'batch', priority 0" in message
     # the queued batch requests made way for live's
     assert any("took its place" in r.json()["error"]["message"] for r in shed)
-    metrics = (await http.get("/metrics")).text
+    metrics = (await http.get("/metrics", headers={"Authorization": "Bearer m3trics"})).text
     refused = 'lorafleet_frontend_tenant_refusals_total{limit="saturated",tenant="batch"} '
     assert f"{refused}{float(len(shed))}" in metrics
     async with asyncio.timeout(10):  # each slot is given back just after its answer left

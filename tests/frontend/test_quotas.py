@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lorafleet.frontend.quotas import TenantQuota
+from lorafleet.frontend.quotas import MAX_RETRY_AFTER_S, TenantQuota, TokenBucket
 from lorafleet.proto.errors import RateLimitedError
 from lorafleet.proto.tenants import Tenant
 from tests.hand_clock import HandClock
@@ -44,3 +44,12 @@ def test_concurrency_is_capped_at_its_share_but_never_below_one() -> None:
         quota.admit()
     quota.release(tokens=0)
     quota.admit()
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-300, 0.001 / 16])
+def test_a_slow_rate_asks_again_within_a_minute_and_never_overflows(rate: float) -> None:
+    """Issue 39, item 4: 1e-310/s raised OverflowError (a 500), 1e-300/s gave a
+    ``Retry-After`` of 301 digits."""
+    bucket = TokenBucket(rate, burst=1.0, clock=HandClock())
+    bucket.debit(1)
+    assert bucket.wait_s(1) == MAX_RETRY_AFTER_S

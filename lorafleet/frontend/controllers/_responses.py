@@ -9,7 +9,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from lorafleet.proto.openai import OpenAIErrorResponse
 
-__all__ = ["ADMIN_ERRORS", "GENERATE_ERRORS", "MODEL_ERRORS", "error_answer"]
+__all__ = ["ADMIN_ERRORS", "GENERATE_ERRORS", "MODEL_ERRORS", "READ_ERRORS", "error_answer"]
 
 
 def error_answer(description: str) -> ResponseSpec:
@@ -22,6 +22,11 @@ ADMIN_ERRORS: Final = {
     503: error_answer("etcd is unavailable"),
 }
 """What every write of the fleet's desired state may answer besides its own errors."""
+
+READ_ERRORS: Final = {
+    401: error_answer("Tenants exist, and neither the admin token nor an API key was sent"),
+}
+"""What every read of the fleet's adapters and aliases may answer besides its own errors."""
 
 
 MODEL_ERRORS: Final = {

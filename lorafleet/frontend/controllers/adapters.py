@@ -16,9 +16,10 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
-from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
+from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, READ_ERRORS, error_answer
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.errors import names_in_message
+from lorafleet.frontend.fleet_reads import EVERY_NAME, READ, FleetView
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.services import Services
 from lorafleet.proto.adapters import (
@@ -95,28 +96,34 @@ class AdaptersController(Controller):
             services.adapters.status(spec, warnings), status_code=201 if changed else 200
         )
 
-    @get("/", operation_id="listAdapters", summary="List the fleet's adapters and their state")
-    async def list_adapters(self, services: NamedDependency[Services]) -> AdapterList:
-        """Every adapter by name, with its state and the instances that have it: the desired
-        ones, and those loaded straight onto workers (``unmanaged``, or ``evicted``)."""
-        return AdapterList(data=services.adapters.every())
+    @get("/", operation_id="listAdapters", summary="List the fleet's adapters and their state",
+         dependencies=READ, responses=READ_ERRORS)  # fmt: skip
+    async def list_adapters(
+        self, services: NamedDependency[Services], view: NamedDependency[FleetView]
+    ) -> AdapterList:
+        """Every adapter the caller may see by name, with its state and the instances that
+        have it: the desired ones, and those loaded straight onto workers (``unmanaged``, or
+        ``evicted``)."""
+        return AdapterList(data=[s for s in services.adapters.every() if view.shows(s.name)])
 
     @get(
         "/{name:path}",
         operation_id="getAdapter",
         summary="Describe one adapter, desired or unmanaged",
-        responses=NOT_FOUND,
+        dependencies=READ,
+        responses={**NOT_FOUND, **READ_ERRORS},
     )
     async def get_adapter(
         self,
         name: FromPath[str],
         services: NamedDependency[Services],
+        view: NamedDependency[FleetView],
     ) -> AdapterStatus:
-        """One adapter (names may contain ``/``)."""
+        """One adapter (names may contain ``/``); one the caller may not see does not exist."""
         name = name.lstrip("/")
-        found = services.adapters.find(name)
+        found = services.adapters.find(name) if view.shows(name) else None
         if found is None:
-            raise _not_found(services.desired, name)
+            raise _not_found(services.desired, name, view)
         return found
 
     @delete(
@@ -153,6 +160,6 @@ def _desired_or_404(desired: DesiredState, name: str) -> AdapterSpec:
     return spec
 
 
-def _not_found(desired: DesiredState, name: str) -> NotFoundError:
-    known = names_in_message([spec.name for spec in desired.records()])
+def _not_found(desired: DesiredState, name: str, view: FleetView = EVERY_NAME) -> NotFoundError:
+    known = names_in_message(view.shown(spec.name for spec in desired.records()))
     return NotFoundError(f"adapter {shorten(name)!r} is not in the desired state; desired: {known}")

@@ -17,8 +17,9 @@ from litestar.params import FromPath, JSONBody
 
 from lorafleet.frontend.admin_auth import admin_post, require_admin_token
 from lorafleet.frontend.aliases import AliasBook
-from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, error_answer
+from lorafleet.frontend.controllers._responses import ADMIN_ERRORS, READ_ERRORS, error_answer
 from lorafleet.frontend.errors import names_in_message
+from lorafleet.frontend.fleet_reads import EVERY_NAME, READ, FleetView
 from lorafleet.frontend.rollout import promote, rollback, start_rollout
 from lorafleet.frontend.services import Services
 from lorafleet.proto.aliases import (
@@ -30,7 +31,7 @@ from lorafleet.proto.aliases import (
     RolloutRequest,
     validate_policy,
 )
-from lorafleet.proto.errors import ConflictError, InvalidRequestError, NotFoundError
+from lorafleet.proto.errors import ConflictError, NotFoundError
 from lorafleet.proto.limits import shorten
 
 __all__ = ["AliasesController", "RolloutsController"]
@@ -73,20 +74,27 @@ class AliasesController(Controller):
         assert stored is not None  # the change never deletes
         return Response(stored, status_code=200 if before == stored else 201)
 
-    @get("/", operation_id="listAliases", summary="List aliases, their targets and rollouts")
-    async def list_aliases(self, services: NamedDependency[Services]) -> AliasList:
-        """Every alias by name."""
-        return AliasList(data=services.aliases.records())
+    @get("/", operation_id="listAliases", summary="List aliases, their targets and rollouts",
+         dependencies=READ, responses=READ_ERRORS)  # fmt: skip
+    async def list_aliases(
+        self, services: NamedDependency[Services], view: NamedDependency[FleetView]
+    ) -> AliasList:
+        """Every alias the caller may see, by name."""
+        return AliasList(data=[a for a in services.aliases.records() if view.shows_alias(a)])
 
     @get(
         "/{name:path}",
         operation_id="getAlias",
         summary="Describe one alias and its rollout",
-        responses={404: WRITE_ERRORS[404]},
+        dependencies=READ,
+        responses={404: WRITE_ERRORS[404], **READ_ERRORS},
     )
-    async def get_alias(self, name: FromPath[str], services: NamedDependency[Services]) -> Alias:
-        """One alias (names may contain ``/``)."""
-        return _alias_or_404(services.aliases, name.lstrip("/"))
+    async def get_alias(
+        self, name: FromPath[str], services: NamedDependency[Services],
+        view: NamedDependency[FleetView],
+    ) -> Alias:  # fmt: skip
+        """One alias (names may contain ``/``); one the caller may not see does not exist."""
+        return _alias_or_404(services.aliases, name.lstrip("/"), view)
 
     @delete(
         "/{name:path}",
@@ -121,8 +129,6 @@ class RolloutsController(Controller):
     ) -> Alias:
         """Check the canary and policy, then split the alias between baseline and canary."""
         validate_policy(data.policy)
-        if data.weight is not None and not 0 < data.weight < 100:
-            raise InvalidRequestError(f"weight {data.weight} of the canary must be 1 to 99")
         services.alias_checks.check_rollout(data)
 
         def begin(current: Alias | None) -> Alias:
@@ -185,13 +191,13 @@ async def _change(book: AliasBook, name: str, change: _AliasChange) -> Alias:
     return stored
 
 
-def _alias_or_404(book: AliasBook, name: str) -> Alias:
+def _alias_or_404(book: AliasBook, name: str, view: FleetView = EVERY_NAME) -> Alias:
     alias = book.get(name)
-    if alias is None:
-        raise _not_found(book, name)
+    if alias is None or not view.shows_alias(alias):
+        raise _not_found(book, name, view)
     return alias
 
 
-def _not_found(book: AliasBook, name: str) -> NotFoundError:
-    known = names_in_message([alias.name for alias in book.records()])
+def _not_found(book: AliasBook, name: str, view: FleetView = EVERY_NAME) -> NotFoundError:
+    known = names_in_message([alias.name for alias in book.records() if view.shows_alias(alias)])
     return NotFoundError(f"alias {shorten(name)!r} does not exist; aliases: {known}")

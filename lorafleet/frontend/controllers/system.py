@@ -1,10 +1,13 @@
-"""``/health`` and ``/metrics``: what load balancers and Prometheus ask."""
+"""``/health`` and ``/metrics``: what load balancers and Prometheus ask (``/metrics`` with
+its own token once tenants exist: ``frontend.fleet_reads``)."""
 
 from __future__ import annotations
 
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 
+from lorafleet.frontend.controllers._responses import error_answer
+from lorafleet.frontend.fleet_reads import require_metrics_token
 from lorafleet.frontend.metrics import METRICS_CONTENT_TYPE
 from lorafleet.frontend.services import Services
 from lorafleet.proto.openai import FrontendHealth
@@ -38,7 +41,10 @@ class SystemController(Controller):
         "/metrics",
         operation_id="metrics",
         summary="Prometheus metrics",
+        description="Needs DYN_METRICS_TOKEN when set; unset, only until a tenant exists.",
         media_type=METRICS_CONTENT_TYPE,
+        guards=[require_metrics_token],
+        responses={401: error_answer("The metrics token is missing or wrong")},
     )
     async def metrics(self, services: NamedDependency[Services]) -> bytes:
         """Requests, errors, latency and time to first token per model."""
