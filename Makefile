@@ -27,12 +27,18 @@ VLLM_EXCLUDED := torchvision torchaudio torchcodec triton
 # (nothing is installed system-wide, no Prometheus daemon is set up).
 PROMTOOL_DIR := .lorafleet/tools
 
+# The partition tests (tests/netns.py: network namespaces, nft rules on their switch) need
+# root, `ip` and `nft`. `make test` and `make test-chaos` install Debian's `iproute2` and
+# `nftables` when either is missing and they run as root; elsewhere those tests skip, and
+# under CI (CI=true) a skip fails the run (tests/conftest.py).
+NETNS_PACKAGES := iproute2 nftables
+
 # GPU: the `vllm` extra (CUDA torch from PyPI) in a venv of its own.
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 GPU_EXTRAS := servers,s3,hf,vllm
 
-.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv gpu-venv promtool secrets clean
+.PHONY: up test test-chaos test-vllm test-compose lint format venv vllm-venv gpu-venv promtool netns-tools secrets clean
 
 venv: $(STAMP)
 
@@ -75,12 +81,19 @@ promtool:
 		{ apt-get download prometheus || { apt-get update -q && apt-get download prometheus; }; } && \
 		dpkg-deb -x prometheus_*.deb . && rm -f prometheus_*.deb; }
 
-test: lint promtool
+netns-tools:
+	@command -v ip >/dev/null && command -v nft >/dev/null || \
+	if [ "$$(id -u)" != 0 ]; then echo "==> ip or nft missing, not root: the partition tests skip"; \
+	else export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends $(NETNS_PACKAGES) || \
+		{ apt-get update -q && apt-get install -y -q --no-install-recommends $(NETNS_PACKAGES); }; fi
+
+test: lint promtool netns-tools
 	$(VENV)/bin/python -m pytest --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
 # scenarios as `make test` runs with scaled-down timings. See tests/chaos/.
-test-chaos: $(STAMP)
+test-chaos: $(STAMP) netns-tools
 	$(VENV)/bin/python -m pytest -p no:cacheprovider --timeout 1800 tests/chaos
 
 # The stack of compose.yaml, built and run on a private Docker engine (needs root;

@@ -11,7 +11,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import pytest
 
@@ -94,17 +94,44 @@ def pytest_configure(config: pytest.Config) -> None:
     configure_logging(process="tests", level="warning")
 
 
+IN_CI: Final = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+"""CI sets CI=true. There every tool a test needs is installed (the Makefile's targets
+install them) and the run is root, so a skipped test would be a check that never ran."""
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Report a failure even when CPython 3.11.7's AST bug (python/cpython#106905) breaks
     pytest's source-reading traceback: CI once lost a whole run to that INTERNALERROR.
-    From then on failures show native tracebacks, which read no source through ``ast``."""
+    From then on failures show native tracebacks, which read no source through ``ast``.
+    In CI, a skip is reported as a failure that names its reason."""
     try:
-        return (yield)
+        report: pytest.TestReport = yield
     except SystemError as exc:
         if "AST constructor recursion depth mismatch" not in str(exc):
             raise
         item.config.option.tbstyle = "native"
-        return pytest.TestReport.from_item_and_call(item, call)
+        report = pytest.TestReport.from_item_and_call(item, call)
+    return _skip_fails_in_ci(report)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """In CI, a module skipped whole (``importorskip``, ``allow_module_level``) fails too."""
+    return _skip_fails_in_ci((yield))
+
+
+_Report = TypeVar("_Report", pytest.TestReport, pytest.CollectReport)
+
+
+def _skip_fails_in_ci(report: _Report) -> _Report:
+    """Under CI, turn a skip (not an expected failure) into a failure naming its reason."""
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        _, _, reason = report.longrepr if isinstance(report.longrepr, tuple) else ("", 0, "")
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI (CI=true), where every test must run: {reason}"
+    return report

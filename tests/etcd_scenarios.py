@@ -1,4 +1,4 @@
-"""etcd fault scenarios, written once: run short by `make test`, long by `make test-chaos`.
+"""etcd fault scenarios, written once; `make test-chaos` runs them with the issues' durations.
 
 Each takes its durations as arguments. Everything is real: etcd (one member or a
 cluster), NATS, a mocker worker with an adapter and a frontend, as processes.

@@ -1,8 +1,9 @@
 """NATS fault scenarios on real processes, each written once and run with the durations given.
 
-The main suite runs them short (``tests/e2e/test_nats_faults.py``), ``make test-chaos``
-runs them with the issues' durations (``tests/chaos/test_nats_faults.py``). Each returns
-its figures, printed by the tests and quoted in ``docs/nats.md``.
+``make test-chaos`` runs the outage and the worker's node kill with the issues' durations
+(``tests/chaos/test_nats_faults.py``); the main suite runs the frontend's node kill
+(``tests/e2e/test_nats_faults.py``). Each returns its figures, printed by the tests and
+quoted in ``docs/nats.md``.
 """
 
 from __future__ import annotations

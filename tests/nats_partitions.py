@@ -1,8 +1,7 @@
 """NATS partitions (issue 27, cases 4 and 5), written once and run with the durations given.
 
-``tests/e2e/test_nats_partition.py`` runs them short in ``make test``;
-``tests/chaos/test_nats_partitions.py`` runs them long, several times, and prints the
-figures quoted in ``docs/faults.md``.
+``tests/chaos/test_nats_partitions.py`` (``make test-chaos``) runs them several times and
+prints the figures quoted in ``docs/faults.md``; ``check`` holds what each must show.
 
 Three nats-servers in a ``RoutedCluster`` (every route through a proxy). Mocker workers
 W0, W1, W2 run on servers 0, 1 and 2, each knowing only its own server; frontend F0 runs
@@ -271,6 +270,15 @@ class PartitionFigures:
     """From the link's return until the first answer for ``parrot`` (which only the cut-off
     worker holds); every worker must have served a request again soon after."""
     errors: list[str] = field(default_factory=list)
+
+
+def check(figures: PartitionFigures) -> None:
+    """What every NATS partition must show: nothing fails that had a healthy path, no
+    wrong answer, no stream hangs, what fails says why, and every worker is back."""
+    assert figures.failed_with_a_path == 0, figures.errors
+    assert figures.wrong == 0, figures.errors
+    assert figures.streams_broken == 0, figures.errors
+    assert figures.unexplained == 0, figures.errors
 
 
 async def partition_under_load(

@@ -77,6 +77,7 @@ from lorafleet.discovery.nats_connection import (
     NatsConnection,
     NatsState,
     StateListener,
+    flush_subscriptions,
 )
 from lorafleet.discovery.nats_settings import (
     DEFAULT_NATS_SERVER,
@@ -151,6 +152,7 @@ __all__ = [
     "connect_etcd",
     "connect_with_retry",
     "endpoint_path",
+    "flush_subscriptions",
     "frontend_key",
     "frontends_prefix",
     "instance_key",

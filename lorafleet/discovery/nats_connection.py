@@ -35,6 +35,7 @@ __all__ = [
     "NatsState",
     "StateListener",
     "WORKER_INBOX_PREFIX",
+    "flush_subscriptions",
 ]
 
 log = structlog.get_logger(__name__)
@@ -257,6 +258,18 @@ class NatsConnection:
                   servers=self.settings.servers_text, name=self.name)  # fmt: skip
         if self._on_lost is not None:
             self._on_lost()
+
+
+async def flush_subscriptions(client: NatsClient) -> None:
+    """Return once the server holds every subscription ``client`` made so far.
+
+    nats-py's ``flush()`` writes its PING straight to the socket, ahead of the SUB that
+    ``subscribe()`` left in its pending buffer, so its PONG can come back before the server
+    knows the subscription: a publisher on another connection then gets "no responders".
+    The first flush lets the library's flusher write the SUB; the second PING follows it.
+    """
+    await client.flush()
+    await client.flush()
 
 
 def _attempt_timeout_s(settings: NatsSettings) -> float:

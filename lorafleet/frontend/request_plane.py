@@ -32,7 +32,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from lorafleet.discovery.nats_connection import NatsConnection, NatsState
+from lorafleet.discovery.nats_connection import NatsConnection, NatsState, flush_subscriptions
 from lorafleet.frontend.errors import InstanceLostError, PayloadTooLargeError
 from lorafleet.proto.errors import NatsUnavailableError, UnavailableError
 from lorafleet.proto.inference import CancelRequest, PingRequest, UpdateReply, encode_msg
@@ -196,7 +196,7 @@ class RequestPlane:
         """Subscribe the shared reply inbox and make sure the server has it."""
         plane = cls(connection)
         plane._subscription = await plane.nc.subscribe(plane._inbox + "*", cb=plane._route)
-        await plane.nc.flush()
+        await flush_subscriptions(plane.nc)
         connection.add_listener(plane._on_nats_state)
         return plane
 

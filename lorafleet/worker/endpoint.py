@@ -23,6 +23,7 @@ import structlog
 
 from lorafleet.discovery.keys import base_card_key, lora_card_key, nats_subject
 from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.nats_connection import flush_subscriptions
 from lorafleet.process.auth import AUTHORIZATION_HEADER, bearer_token_accepted
 from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.discovery import ModelDeploymentCard, encode_record
@@ -130,8 +131,7 @@ class Endpoint:
         self._subscription = await self._nc.subscribe(
             self.address.subject, cb=self._on_message, pending_msgs_limit=PENDING_MESSAGES_LIMIT
         )
-        await self._nc.flush()
-        await self._nc.flush()
+        await flush_subscriptions(self._nc)
         reply = await self._nc.request(
             self.address.subject, encode_msg(PingRequest()), timeout=SUBSCRIPTION_CHECK_TIMEOUT_S
         )

@@ -1,5 +1,5 @@
 """NATS partitions, long (issue 27, cases 4 and 5), several runs each; the figures are in
-``docs/faults.md``. The short forms are ``tests/e2e/test_nats_partition.py``.
+``docs/faults.md``.
 
 Two frontends, F0 on the majority side and F2 beside W2 (``tests/nats_partitions.py``).
 Case 4: W2's server loses both its routes (a 2 + 1 split, connections reset). Case 5: the
@@ -12,8 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.test_nats_partition import check
-from tests.nats_partitions import CUT_OFF, PartitionFleet, partition_fleet, partition_under_load
+from tests.nats_partitions import (
+    CUT_OFF,
+    PartitionFleet,
+    check,
+    partition_fleet,
+    partition_under_load,
+)
 
 HOLD_S = 10.0
 """How long each partition lasts."""

@@ -6,10 +6,11 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
 import pytest
 
 from lorafleet.discovery.errors import NatsAuthError, NatsConnectError
-from lorafleet.discovery.nats_connection import NatsConnection, NatsState
+from lorafleet.discovery.nats_connection import NatsConnection, NatsState, flush_subscriptions
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.launch.local_servers import LocalServer, free_port, start_nats
 from lorafleet.launch.tls_files import TlsFiles, make_tls_files
@@ -148,3 +149,22 @@ async def test_mutual_tls_needs_the_client_certificate(tmp_path: Path, tls: TlsF
             assert conn.is_connected
     finally:
         server.stop()
+
+
+async def test_flushed_subscriptions_are_known_to_the_server(tmp_path: Path) -> None:
+    """A worker announces itself in etcd right after subscribing: a frontend's first request
+    must find the subscription, not NATS's "no responders" (issue 39, item 12)."""
+    traced = start_nats(tmp_path / "nats", extra_args=["-V"])  # logs each command it reads
+    client = await nats.connect(traced.url)
+    try:
+        await client.subscribe("flush.check")
+        await flush_subscriptions(client)
+        lines = traced.log_path.read_text().splitlines()
+    finally:
+        await client.close()
+        traced.stop()
+    sub = next(line for line in lines if "<<- [SUB flush.check" in line)
+    cid = sub.split(" - ")[1]  # "cid:N": this client's commands, not the health checks'
+    after_sub = lines[lines.index(sub) + 1 :]
+    # The server answered a PING read after the SUB: it held the subscription before its PONG.
+    assert any(f" - {cid} - " in line and "<<- [PING]" in line for line in after_sub), lines

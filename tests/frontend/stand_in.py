@@ -39,6 +39,7 @@ from nats.aio.subscription import Subscription
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import instance_key
 from lorafleet.discovery.lease import LeaseKeeper
+from lorafleet.discovery.nats_connection import flush_subscriptions
 from lorafleet.proto.adapters import LoadLoraRequest, LoraResponse
 from lorafleet.proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
 from lorafleet.proto.errors import CapacityError, ErrorInfo, UnavailableError, error_from_info
@@ -212,7 +213,7 @@ class StandInWorker:
             self.endpoint = endpoint(self.nc, self.lease, address)
         if self.behaviour is Behaviour.MUTE:
             self._mute = await self.nc.subscribe(self.subject, cb=self._ignore)
-            await self.nc.flush()
+            await flush_subscriptions(self.nc)
         else:
             await self._serve()
         await self.lease.put(instance_key(self.namespace, COMPONENT, ENDPOINT, self.instance_id),
