@@ -2,7 +2,8 @@
 
 Each check raises before anything is written, so bad input changes nothing: a target
 that is an alias (a cycle), that exists nowhere, or that serves another base model;
-an alias named like a served model or a declared adapter; a canary not declared.
+an alias named like a served model or a declared adapter; a canary not declared; an
+adapter named like an alias (``/v1/adapters`` and vLLM's load alike).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class AliasChecks:
                 f"targets of alias {name!r} serve different base models ({listed}); "
                 "an alias's versions must share one base model"
             )
+
+    def check_adapter_name(self, name: str) -> None:
+        """Raise ``ConflictError`` when an adapter would take an alias's name: requests for
+        that name reach the alias, never the adapter."""
+        if self.book.get(name) is not None:
+            raise ConflictError(f"name {name!r} is an alias (/v1/aliases); choose another")
 
     def check_rollout(self, request: RolloutRequest) -> None:
         """Raise unless ``request``'s canary is declared and shares its baseline's base model."""

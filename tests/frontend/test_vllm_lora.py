@@ -139,6 +139,29 @@ async def test_vllm_errors_on_the_frontend_are_vllm_shaped(admin_frontend, demo)
     assert bad.status_code == 400 and "lora_path" in bad.json()["error"]["message"]
 
 
+async def test_a_vllm_load_named_like_an_alias_is_the_same_409_as_post_adapters(
+    admin_frontend, demo
+) -> None:
+    http = admin_frontend.http
+    body = {"name": "bot-v1", "base_model": "demo", "source": {"uri": "s3://bucket/v1"}}
+    assert (await http.post("/v1/adapters", json=body, headers=AUTH)).status_code == 201
+    alias = {"name": "bot", "targets": [{"model": "bot-v1", "weight": 100}]}
+    assert (await http.post("/v1/aliases", json=alias, headers=AUTH)).status_code == 201
+    spec = {"name": "bot", "base_model": "demo", "source": {"uri": "s3://bucket/bot"}}
+    adapters = await http.post("/v1/adapters", json=spec, headers=AUTH)
+
+    load = {"lora_name": "bot", "lora_path": "s3://bucket/bot"}
+    refused = await http.post("/v1/load_lora_adapter", json=load, headers=AUTH)
+
+    assert adapters.status_code == refused.status_code == 409, refused.text
+    message = adapters.json()["error"]["message"]
+    assert refused.json() == _vllm_error(message, "BadRequestError", 409)
+    assert "'bot' is an alias" in message
+    assert (await http.get("/v1/adapters/bot")).status_code == 404  # nothing declared
+    ids = [model["id"] for model in (await http.get("/v1/models")).json()["data"]]
+    assert ids.count("bot") == 1
+
+
 async def test_vllm_routes_on_the_frontend_need_the_admin_token(admin_frontend, demo) -> None:
     http = admin_frontend.http
     body = {"lora_name": "sql-lora", "lora_path": "s3://bucket/sql"}

@@ -88,8 +88,7 @@ class AdaptersController(Controller):
     ) -> Response[AdapterStatus]:
         """Validate and store ``data`` as desired state (persistent, no lease)."""
         spec = validate_adapter_spec(data)
-        if services.aliases.get(spec.name) is not None:
-            raise ConflictError(f"name {spec.name!r} is an alias (/v1/aliases); choose another")
+        services.alias_checks.check_adapter_name(spec.name)
         warnings = _check_against_served(spec, services.registry) + _slo_room(spec)
         changed = await services.desired.apply(spec)
         return Response(

@@ -55,6 +55,7 @@ LOAD_ERRORS: Final = {
     400: _vllm("Fields missing, already loaded (without load_inplace), or a bad name or path"),
     401: WRITE_ERRORS[401],
     404: _vllm("The source does not exist on the workers (the desired state is put back)"),
+    409: _vllm("lora_name is an alias's name (/v1/aliases), as for POST /v1/adapters"),
     503: _vllm("etcd is unavailable"),
 }
 UNLOAD_ERRORS: Final = {
@@ -137,6 +138,7 @@ class VllmLoraController(Controller):
             return _error(vllm_missing_load_fields())
         name, registry = data.lora_name, services.registry
         try:
+            services.alias_checks.check_adapter_name(name)
             source = LoraSource(uri=lora_path_uri(data.lora_path), sha256=data.sha256)
             declared = services.desired.get(name)
             if not data.load_inplace and _loaded(name, source, declared, registry):
