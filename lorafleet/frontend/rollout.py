@@ -41,34 +41,69 @@ FULL: Final = 100
 P95: Final = 0.95
 
 
-def split(baseline: str, canary: str, weight: int) -> list[AliasTarget]:
-    """The targets of a rollout at ``weight``: the canary last, so a session that reached it
-    stays on it as its weight grows (``frontend.aliases.choose``)."""
-    targets = [AliasTarget(model=baseline, weight=FULL - weight)]
-    return [*targets, AliasTarget(model=canary, weight=weight)] if weight else targets
+def split(rollout: Rollout, weight: int) -> list[AliasTarget]:
+    """The targets with the canary at ``weight``: the alias's other targets as they were
+    before the rollout, scaled to share the rest, and the canary last, so a session that
+    reached it stays on it as its weight grows (``frontend.aliases.choose``)."""
+    if weight == FULL:
+        return [AliasTarget(model=rollout.canary, weight=FULL)]
+    others = [target for target in _before(rollout) if target.model != rollout.canary]
+    rest = _scaled(others, FULL - weight, rollout.baseline)
+    return [*rest, AliasTarget(model=rollout.canary, weight=weight)]
+
+
+def _before(rollout: Rollout) -> list[AliasTarget]:
+    """The alias's targets before the rollout (the baseline alone in older records)."""
+    return rollout.before or [AliasTarget(model=rollout.baseline, weight=FULL)]
+
+
+def _scaled(targets: list[AliasTarget], total: int, baseline: str) -> list[AliasTarget]:
+    """``targets`` with weights summing to ``total`` in their proportions (largest remainder,
+    ties to the first listed); all of it on the baseline when none carries weight."""
+    weights = [target.weight for target in targets]
+    if not any(weights):
+        weights = [int(target.model == baseline) for target in targets]
+    whole = sum(weights)
+    shares = [weight * total // whole for weight in weights]
+    by_remainder = sorted(range(len(weights)), key=lambda i: -(weights[i] * total % whole))
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return [
+        AliasTarget(model=target.model, weight=share)
+        for target, share in zip(targets, shares, strict=True)
+    ]
 
 
 def start_rollout(current: Alias | None, request: RolloutRequest, now: float) -> Alias:
-    """The alias with ``request``'s canary at its first weight and the policy running."""
-    baseline = request.baseline or _heaviest(current)
-    if baseline is None:
-        raise ConflictError(
-            f"alias {request.alias!r} does not exist; name its current version as baseline"
-        )
+    """The alias with ``request``'s canary at its first weight and the policy running; its
+    other targets keep their proportions in the rest."""
+    before = current.targets if current is not None else []
+    baseline = _baseline(before, request)
     steps = request.policy.steps
     weight = request.weight or (steps[0] if steps else DEFAULT_CANARY_WEIGHT)
     rollout = Rollout(baseline=baseline, canary=request.canary, policy=request.policy,
-                      weight=weight, window_started_at=now, reason="started")  # fmt: skip
-    return Alias(name=request.alias, targets=split(baseline, request.canary, weight),
-                 rollout=rollout)  # fmt: skip
+                      weight=weight, window_started_at=now, reason="started",
+                      before=before)  # fmt: skip
+    return Alias(name=request.alias, targets=split(rollout, weight), rollout=rollout)
 
 
-def _heaviest(alias: Alias | None) -> str | None:
-    if alias is None:
-        return None
-    if alias.rollout is not None and alias.rollout.phase == "running":
-        return alias.rollout.baseline
-    return max(alias.targets, key=lambda target: target.weight).model
+def _baseline(before: list[AliasTarget], request: RolloutRequest) -> str:
+    """``request``'s baseline, else the heaviest target but the canary. A baseline must be
+    one of the alias's other targets: a rollback restores them, not the baseline alone."""
+    others = [target for target in before if target.model != request.canary]
+    baseline = request.baseline
+    if baseline is None and others:
+        return max(others, key=lambda target: target.weight).model
+    if baseline is None:
+        what = "does not exist" if not before else f"has no target but canary {request.canary!r}"
+        raise ConflictError(f"alias {request.alias!r} {what}; name its current version as baseline")
+    if before and baseline not in {target.model for target in others}:
+        raise ConflictError(
+            f"baseline {baseline!r} is not a target of alias {request.alias!r} (its targets "
+            f"but the canary: {', '.join(target.model for target in others) or 'none'}); name "
+            "one of them, or set the alias's targets first (POST /v1/aliases)"
+        )
+    return baseline
 
 
 def promote(alias: Alias, *, full: bool, now: float, reason: str = "promoted by hand") -> Alias:
@@ -79,19 +114,16 @@ def promote(alias: Alias, *, full: bool, now: float, reason: str = "promoted by 
     phase = "promoted" if weight == FULL else "running"
     moved = msgspec.structs.replace(rollout, weight=weight, phase=phase, reason=reason,
                                     window_started_at=now, next_window=0)  # fmt: skip
-    targets = split(rollout.baseline, rollout.canary, weight)
-    if weight == FULL:
-        targets = [AliasTarget(model=rollout.canary, weight=FULL)]
-    return msgspec.structs.replace(alias, targets=targets, rollout=moved)
+    return msgspec.structs.replace(alias, targets=split(rollout, weight), rollout=moved)
 
 
 def rollback(alias: Alias, reason: str, figures: RolloutFigures | None = None) -> Alias:
-    """All weight back on the baseline; the rollout shows ``rolled_back``, why, and the figures."""
+    """The alias's targets back as they were before the rollout; the rollout shows
+    ``rolled_back``, why, and the figures."""
     rollout = _running(alias)
     back = msgspec.structs.replace(rollout, weight=0, phase="rolled_back", reason=reason,
                                    figures=figures or rollout.figures)  # fmt: skip
-    targets = [AliasTarget(model=rollout.baseline, weight=FULL)]
-    return msgspec.structs.replace(alias, targets=targets, rollout=back)
+    return msgspec.structs.replace(alias, targets=_before(rollout), rollout=back)
 
 
 def _running(alias: Alias) -> Rollout:

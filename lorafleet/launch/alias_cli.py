@@ -45,7 +45,8 @@ def add_alias_flags(lora: argparse.ArgumentParser) -> None:
     )
     lora.add_argument(
         "--baseline",
-        help="rollout: the version to fall back to (default: the alias's heaviest target)",
+        help="rollout: the version the canary is judged against, one of the alias's targets "
+        "(default: its heaviest target but the canary)",
     )
     lora.add_argument("--weight", type=int, help="rollout: the canary's first weight, 1-99")
     lora.add_argument(

@@ -58,7 +58,8 @@ TTFT_BOUNDS_MS: Final = (
 
 RolloutPhase = Literal["running", "promoted", "rolled_back"]
 """``running``: the policy judges each window; ``promoted``: all weight on the canary;
-``rolled_back``: all weight back on the baseline, with the reason and the figures."""
+``rolled_back``: the alias's targets back as they were before it, with the reason and the
+figures."""
 
 
 class AliasTarget(msgspec.Struct, kw_only=True, frozen=True):
@@ -134,6 +135,10 @@ class Rollout(msgspec.Struct, kw_only=True, frozen=True):
     """Windows judged since the rollout began."""
     reason: str = ""
     figures: RolloutFigures | None = None
+    before: list[AliasTarget] = msgspec.field(default_factory=list)
+    """The alias's targets when the rollout began: while it runs, the targets other than
+    the canary share ``100 - weight`` in these proportions, and a rollback restores them.
+    Empty in records written before it existed: the baseline alone, as then."""
 
 
 class Alias(msgspec.Struct, kw_only=True, frozen=True):
@@ -154,8 +159,10 @@ class AliasRequest(msgspec.Struct, kw_only=True, frozen=True):
 class RolloutRequest(msgspec.Struct, kw_only=True, frozen=True):
     """Body of ``POST /v1/rollouts``: send ``weight`` percent of ``alias`` to ``canary``.
 
-    ``baseline`` defaults to the alias's heaviest target; an alias that does not exist yet
-    is created with ``baseline`` as its one target.
+    The alias's other targets keep their proportions in the rest. ``baseline`` (whose
+    figures the canary's are judged against) defaults to the heaviest of them, and must be
+    one of them; an alias that does not exist yet is created with ``baseline`` as its one
+    target.
     """
 
     alias: LoraName
@@ -174,7 +181,7 @@ class PromoteRequest(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class RollbackRequest(msgspec.Struct, kw_only=True, frozen=True):
-    """Body of ``POST /v1/rollouts/rollback``: all weight back on the baseline."""
+    """Body of ``POST /v1/rollouts/rollback``: the alias's targets back as they were."""
 
     alias: LoraName
     reason: Annotated[str, msgspec.Meta(max_length=512)] = "rolled back by hand"

@@ -47,6 +47,26 @@ def test_a_rollout_starts_at_its_first_step_with_the_canary_last() -> None:
     assert alias.rollout is not None and alias.rollout.baseline == "v1"
 
 
+def test_a_rollout_scales_the_other_targets_and_a_rollback_restores_them_exactly() -> None:
+    r9 = Alias(name="r9", targets=[AliasTarget(model="v1", weight=80),
+                                   AliasTarget(model="v4", weight=20)])  # fmt: skip
+    policy = RolloutPolicy(steps=[10, 50, 100])
+    started = start_rollout(r9, RolloutRequest(alias="r9", canary="bad3", policy=policy), 1.0)
+    assert [(t.model, t.weight) for t in started.targets] == [
+        ("v1", 72), ("v4", 18), ("bad3", 10),
+    ]  # fmt: skip
+    assert started.rollout is not None and started.rollout.baseline == "v1"
+    stepped = promote(started, full=False, now=2.0)
+    assert [(t.model, t.weight) for t in stepped.targets] == [("v1", 40), ("v4", 10), ("bad3", 50)]
+    assert rollback(stepped, "bad").targets == r9.targets
+    odd = Alias(name="r9", targets=[AliasTarget(model=m, weight=w) for m, w in
+                                    (("v1", 34), ("v2", 33), ("v4", 33))])  # fmt: skip
+    shares = start_rollout(odd, RolloutRequest(alias="r9", canary="v4", weight=7), 1.0).targets
+    assert [(t.model, t.weight) for t in shares] == [("v1", 47), ("v2", 46), ("v4", 7)]
+    with pytest.raises(ConflictError, match="'v9' is not a target of alias 'r9'"):
+        start_rollout(r9, RolloutRequest(alias="r9", canary="bad3", baseline="v9"), 1.0)
+
+
 def test_a_window_summed_over_frontends_above_the_error_rate_rolls_back() -> None:
     alias = _started(max_error_rate=0.1, min_requests=10)
     reports = [_report(alias, v1=_counts(90), v2=_counts(6, errors=2)) for _ in range(2)]

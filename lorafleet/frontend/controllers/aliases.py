@@ -127,7 +127,8 @@ class RolloutsController(Controller):
     async def start(
         self, data: JSONBody[RolloutRequest], services: NamedDependency[Services]
     ) -> Alias:
-        """Check the canary and policy, then split the alias between baseline and canary."""
+        """Check the canary and policy, then give the canary its weight; the alias's other
+        targets share the rest in their proportions (``frontend.rollout``)."""
         validate_policy(data.policy)
         services.alias_checks.check_rollout(data)
 
@@ -168,12 +169,12 @@ class RolloutsController(Controller):
         operation_id="rollBackRollout",
         status_code=200,
         responses=WRITE_ERRORS,
-        summary="Put all of an alias's weight back on its baseline",
+        summary="Put an alias's targets back as they were before its rollout",
     )
     async def rollback(
         self, data: JSONBody[RollbackRequest], services: NamedDependency[Services]
     ) -> Alias:
-        """All weight on the baseline; the rollout shows ``rolled_back`` and ``reason``."""
+        """The targets as before the rollout; it shows ``rolled_back`` and ``reason``."""
         _alias_or_404(services.aliases, data.alias)
         return await _change(
             services.aliases, data.alias, lambda alias: rollback(alias, data.reason)
