@@ -80,22 +80,22 @@ class AdapterStates:
             return self.status(spec)
         served = self._registry.get(name)
         if served is not None and served.parent is not None:
-            return _served_status(served)
+            return _served_status(served, self._demand(name))
         last = self._loads.last_eviction(name)
-        return None if last is None else _evicted_status(name, *last)
+        return None if last is None else _evicted_status(name, *last, self._demand(name))
 
     def unmanaged(self) -> list[AdapterStatus]:
         """Adapters that live instances serve, or placement evicted, and the desired state
         does not declare: loaded straight onto a worker (its routes, ``lorafleet lora load``)."""
         found = {
-            served.name: _served_status(served)
+            served.name: _served_status(served, self._demand(served.name))
             for served in self._registry.models()
             if served.parent is not None and self._desired.get(served.name) is None
         }
         for name in self._loads.evicted():
             last = self._loads.last_eviction(name)
             if last is not None and name not in found and self._desired.get(name) is None:
-                found[name] = _evicted_status(name, *last)
+                found[name] = _evicted_status(name, *last, self._demand(name))
         return list(found.values())
 
     def state_of(self, spec: AdapterSpec) -> StateOf:
@@ -129,7 +129,7 @@ class AdapterStates:
             replicas=spec.replicas, min_replicas=low, max_replicas=high, pinned=spec.pinned,
             instances=now.instances, warnings=[*(warnings or []), *self._card_warnings(spec.name)],
             state=now.state,
-            loading=now.loading, demand=round(self._loads.demand(spec.name), DEMAND_DIGITS),
+            loading=now.loading, demand=self._demand(spec.name),
             error=now.error, digest=self._digest(spec.name), slo=spec.slo,
             attainment=None if self._attainment is None else self._attainment(spec),
         )  # fmt: skip
@@ -149,27 +149,35 @@ class AdapterStates:
         served = self._registry.get(name)
         return list(served.card.warnings) if served is not None else []
 
+    def _demand(self, name: str) -> float:
+        """Requests per second for ``name`` that the workers' load records hold, declared
+        or not (each worker counts every adapter it serves)."""
+        return round(self._loads.demand(name), DEMAND_DIGITS)
+
     def _digest(self, name: str) -> str:
         served = self._registry.get(name)
         return served.card.digest if served is not None and served.parent is not None else ""
 
 
-def _served_status(served: ServedModel) -> AdapterStatus:
+def _served_status(served: ServedModel, demand: float) -> AdapterStatus:
     """An unmanaged adapter a live instance serves: its card says where it came from."""
     return AdapterStatus(
         name=served.name, base_model=served.parent or "", source=LoraSource(uri=served.root),
-        replicas=0, min_replicas=0, max_replicas=0, state="unmanaged",
+        replicas=0, min_replicas=0, max_replicas=0, state="unmanaged", demand=demand,
         instances=[f"{instance.instance_id:x}" for instance in served.instances],
         digest=served.card.digest,
         warnings=list(served.card.warnings),
     )  # fmt: skip
 
 
-def _evicted_status(name: str, instance_id: int, last: EvictedAdapter) -> AdapterStatus:
+def _evicted_status(
+    name: str, instance_id: int, last: EvictedAdapter, demand: float
+) -> AdapterStatus:
     """An unmanaged adapter placement evicted everywhere: its last eviction says all."""
     return AdapterStatus(
         name=name, base_model=last.base_model, source=LoraSource(uri=public_uri(last.uri)),
         replicas=0, min_replicas=0, max_replicas=0, state="evicted", digest=last.digest,
+        demand=demand,
         evicted=AdapterEviction(at=iso_time(last.at), instance=f"{instance_id:x}",
                                 reason=last.reason),
     )  # fmt: skip

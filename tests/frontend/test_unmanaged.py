@@ -93,6 +93,26 @@ async def test_an_unmanaged_adapter_placement_evicted_is_listed_with_when_and_wh
     assert f"evicted from {fleet.instance_id:x} at" in out and "pinned adapter 'pirate'" in out
 
 
+async def test_unmanaged_and_evicted_adapters_show_the_demand_of_the_load_records(
+    fleet, frontend, etcd, namespace
+) -> None:
+    gone = EvictedAdapter(base_model="demo", uri="file:///srv/adapters/old", digest=OLD_DIGEST,
+                          at=time.time(), reason="its slot went to a placed adapter")  # fmt: skip
+    record = InstanceLoad(base_model="demo", max_loras=4, evicted={"old": gone},
+                          demand={"robot": 141.0, "old": 0.25})  # fmt: skip
+    key = load_key(namespace, COMPONENT, ENDPOINT, fleet.instance_id)
+    await etcd.put(key.encode(), encode_instance_load(record))  # the worker's publication
+    loads = frontend.app.state.services.loads
+    await loads.cache.wait_until(lambda _: loads.of(fleet.instance_id) is not None, timeout_s=30)
+
+    listed = (await frontend.http.get("/v1/adapters")).json()["data"]
+    robot = (await frontend.http.get("/v1/adapters/robot")).json()
+
+    shown = {status["name"]: (status["state"], status["demand"]) for status in listed}
+    assert shown["robot"] == ("unmanaged", 141.0) and robot["demand"] == 141.0
+    assert shown["old"] == ("evicted", 0.25)
+
+
 async def test_a_request_for_an_evicted_unmanaged_adapter_loads_it_back_from_its_source(
     workers, nats_url, etcd, namespace, frontend
 ) -> None:
