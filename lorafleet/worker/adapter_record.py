@@ -47,6 +47,8 @@ class Phase(enum.Enum):
 SLOT_PHASES = frozenset({Phase.RESERVED, Phase.ADDING, Phase.LOADED, Phase.PUBLISHED,
                          Phase.DRAINING})  # fmt: skip
 """Phases in which a version holds one of the engine's ``max_loras`` slots."""
+ARRIVING_PHASES = frozenset({Phase.RESERVED, Phase.ADDING, Phase.LOADED})
+"""Phases of a version that took its slot and is on its way to being published."""
 
 
 class Role(enum.Enum):
@@ -137,6 +139,14 @@ class AdapterRecord:
         """Whether a version is on its way in (fetching, reserved or adding)."""
         return any(v.phase in (Phase.FETCHING, Phase.RESERVED, Phase.ADDING)
                    for v in self.versions)  # fmt: skip
+
+    @property
+    def arriving(self) -> bool:
+        """Whether its newest version holds a slot and is not published yet: a load or swap
+        past its slot step, which ends (published, or undone) without waiting for a slot or
+        another adapter's lock."""
+        newest = self.versions[-1] if self.versions else None
+        return newest is not None and newest.phase in ARRIVING_PHASES
 
     @property
     def slots(self) -> int:

@@ -5,7 +5,9 @@ Reads the controller's records only. The adapter the fleet asks least for goes f
 has served nothing yet goes last, and one placement put here goes after the others),
 never a pinned or busy one, one whose lock is held (a load or swap runs on it), nor the
 last warm copy of one in use (fleet demand of at least ``IN_USE_RPS`` and a request
-served here within the last ``in_use_s``).
+served here within the last ``in_use_s``). A load that finds no candidate while another
+load holds a slot on its way in waits for that load's outcome (``load_under_way``), then
+looks again, rather than answering 429.
 """
 
 from __future__ import annotations
@@ -81,6 +83,18 @@ class Eviction:
                 lora_name=name,
             )
         return victim
+
+    def load_under_way(self, name: str) -> AdapterRecord | None:
+        """Another adapter's load that holds a slot and will end soon (``arriving``, its lock
+        held): a load of ``name`` that finds no slot waits for it rather than refusing."""
+        return next(
+            (
+                record
+                for record in self._records.values()
+                if record.name != name and record.arriving and record.lock.locked()
+            ),
+            None,
+        )
 
     def fleet_demand(self, name: str) -> float:
         """Requests per second for ``name``: the fleet's, else this worker's own."""

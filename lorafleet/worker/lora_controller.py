@@ -378,11 +378,18 @@ class LoraController:
         )
 
     async def _take_slot(self, version: AdapterVersion, evict_placed: bool) -> None:
-        """Reserve a slot, evicting ``Eviction.candidate`` while all are taken."""
+        """Reserve a slot, evicting ``Eviction.candidate`` while all are taken; while none may
+        go and another load holds a slot on its way in, wait for that load's outcome first."""
         while True:
             self._check_id_collision(version)  # again after each await: others may have come
             if sum(record.slots for record in self.records.values()) < self._max_loras:
                 break
+            under_way = self.eviction.load_under_way(version.name)
+            if under_way is not None and self.eviction.candidate() is None:
+                log.info("every slot is taken; waiting for the load under way",
+                         adapter=version.name, loading=under_way.name)  # fmt: skip
+                async with under_way.lock:  # loaded (a candidate, maybe) or undone (a free slot)
+                    continue
             victim = self.eviction.victim_for(version.name, self._max_loras, evict_placed)
             log.info("evicting the adapter the fleet asks least for", adapter=victim.name,
                      for_adapter=version.name)  # fmt: skip

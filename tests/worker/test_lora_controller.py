@@ -33,6 +33,7 @@ from lorafleet.proto.naming import lora_id
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines.mocker import MockerEngine
+from lorafleet.worker.eviction import Eviction
 from lorafleet.worker.lora import LoRAManager, LoRAManagerConfig
 from lorafleet.worker.lora_controller import Assignment, LoraController
 from tests.worker.adapters import adapter_digest, make_adapter_dir
@@ -77,6 +78,35 @@ class PeakMocker(MockerEngine):
         self.peak = max(self.peak, len(self.adapters.handles))
 
 
+class GatedMocker(PeakMocker):
+    """The mocker, whose add of ``robot`` waits for ``gate`` (a load under way, held there)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.adding = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
+        if name.startswith("robot@"):
+            self.adding.set()
+            await self.gate.wait()
+        await super().add_adapter(name, lora_id, path)
+
+
+class WatchedEviction(Eviction):
+    """The controller's eviction, telling when a load found another one under way."""
+
+    def __init__(self, records: Any, demand: Any) -> None:
+        super().__init__(records, demand)
+        self.waited = asyncio.Event()
+
+    def load_under_way(self, name: str) -> Any:
+        found = super().load_under_way(name)
+        if found is not None:
+            self.waited.set()
+        return found
+
+
 @pytest.fixture
 async def lease(etcd: EtcdClient) -> AsyncIterator[LeaseKeeper]:
     keeper = await LeaseKeeper.grant(etcd, 10)
@@ -97,9 +127,10 @@ def start_engine(
 ) -> Any:
     """Start a mocker whose controller publishes into this test's namespace."""
 
-    async def start(max_loras: int = 2, **options: Any) -> PeakMocker:
+    async def start(max_loras: int = 2, engine_class: type[PeakMocker] = PeakMocker,
+                    **options: Any) -> PeakMocker:  # fmt: skip
         config = EngineConfig(model="demo", enable_lora=True, max_loras=max_loras, options=options)
-        engine = PeakMocker(config)
+        engine = engine_class(config)
         engine.enable_adapters(LoRAManager(config=LoRAManagerConfig(cache_dir=tmp_path / "c")))
         await engine.start()
         address = EndpointAddress(
@@ -216,6 +247,28 @@ async def test_every_slot_pinned_or_busy_is_a_capacity_error_that_changes_nothin
         await controller.load(_load("chef", uris["chef"]))
     before = {"pirate": _id("pirate"), "robot": _id("robot")}
     assert await _cards(etcd, namespace) == before and _held(engine) == before
+
+
+async def test_a_load_finding_the_only_slot_taken_by_a_load_under_way_waits_for_it(
+    start_engine: Any, etcd: EtcdClient, namespace: str, uris: dict[str, str]
+) -> None:
+    engine = await start_engine(max_loras=1, engine_class=GatedMocker)
+    controller = _controller(engine)
+    watched = controller.eviction = WatchedEviction(controller.records, controller.demand)
+    robot = asyncio.create_task(controller.load(_load("robot", uris["robot"])))
+    await engine.adding.wait()  # robot holds the one slot, its lock held, not loaded yet
+    chef = asyncio.create_task(controller.load(_load("chef", uris["chef"])))
+    waiting = asyncio.create_task(watched.waited.wait())
+    async with asyncio.timeout(30):
+        await asyncio.wait({chef, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    assert not chef.done(), chef.exception()  # on its way, not a 429 naming robot's slot
+
+    engine.gate.set()
+    loaded = await asyncio.gather(robot, chef)
+
+    assert [answer.lora_name for answer in loaded] == ["robot", "chef"]
+    assert _held(engine) == await _cards(etcd, namespace) == {"chef": _id("chef")}
 
 
 async def test_concurrent_loads_never_hold_more_adapters_than_slots(
