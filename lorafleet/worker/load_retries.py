@@ -3,7 +3,10 @@
 A desired adapter that cannot load is retried with ``process.backoff``'s capped
 exponential backoff (up to ``RETRY_CAP_S``), not every pass. Its last failure
 (code, message with URIs redacted, attempts, next try) goes into the load
-record, so ``/v1/adapters`` can show it. The log says when an adapter starts
+record, so ``/v1/adapters`` can show it. The message is kept whole: it is this
+worker's own, and its fix is often at its end (``set DYN_LORA_ALLOW_PICKLE=true``);
+the caller's text in it is already bounded (names by validation, URIs by
+``LoraSourceError``). The log says when an adapter starts
 failing, when its error changes and when it recovers; a retry failing the same
 way again is logged at debug level only.
 """
@@ -77,7 +80,7 @@ class LoadRetries:
         attempts = 1 if previous is None else previous.attempts + 1
         now = self._clock()
         delay_s = backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
-        message = _redact_uris(exc.message)
+        message = redact_uris_in(exc.message)
         self._failures[name] = LoadFailure(
             code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s
         )
@@ -99,8 +102,3 @@ class LoadRetries:
         for name in [name for name in self._failures if name not in names]:
             del self._failures[name]
             self._tried.pop(name, None)
-
-
-def _redact_uris(text: str) -> str:
-    """``text`` with every URI in it redacted and the whole shortened."""
-    return shorten(redact_uris_in(text))

@@ -28,6 +28,7 @@ from lorafleet.launch.cli import main as lorafleet
 from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
 from tests.frontend.conftest import FAST_DISPATCH, run_frontend, wait_for_models
 from tests.frontend.stand_in import COMPONENT, ENDPOINT, StandInWorker
+from tests.frontend.test_adapter_integrity import _status_when
 from tests.frontend.test_on_demand import (
     _apply,
     _assert_cards_match_engines,
@@ -36,6 +37,7 @@ from tests.frontend.test_on_demand import (
     _loaded,
     _uri,
 )
+from tests.worker.test_adapter_trust import _pickled_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -111,6 +113,21 @@ async def test_an_adapter_that_cannot_load_is_failed_with_its_error_and_answers_
     assert rows["ADAPTER"][:5] == ["ADAPTER", "STATE", "MIN", "MAX", "INSTANCES"]
     assert rows["ghost"][1:5] == ["failed", "0", "0", "-"]
     await _assert_cards_match_engines([worker], etcd, namespace)
+
+
+async def test_a_placed_adapter_s_failure_shows_the_worker_s_whole_message_and_its_fix(
+    lora_workers, frontend, tmp_path
+) -> None:
+    await asyncio.to_thread(lora_workers, 1)
+    await wait_for_models(frontend, {"demo"})
+    uri = _pickled_adapter(tmp_path / ("deep-" * 20), "pickled")  # a message over 256 chars
+    await _apply(frontend.http, "pickled", uri, replicas=1)  # placement loads it, and fails
+
+    status = await _status_when(frontend.http, "pickled", lambda s: s["state"] == "failed")
+
+    message = status["error"]["message"]
+    assert "set DYN_LORA_ALLOW_PICKLE=true on the worker" in message, message
+    assert "characters)" not in message and str(tmp_path) not in message
 
 
 async def test_a_failure_in_a_worker_s_record_is_shown_and_answered_without_a_load(
