@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from lorafleet.proto.errors import (
 )
 from lorafleet.proto.inference import GenerateRequest, TokenChunk
 from lorafleet.proto.naming import lora_id
+from lorafleet.worker.adapter_record import AdapterRecord
+from lorafleet.worker.demand import DemandMeter
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines.mocker import MockerEngine
@@ -96,11 +98,11 @@ class GatedMocker(PeakMocker):
 class WatchedEviction(Eviction):
     """The controller's eviction, telling when a load found another one under way."""
 
-    def __init__(self, records: Any, demand: Any) -> None:
+    def __init__(self, records: Mapping[str, AdapterRecord], demand: DemandMeter) -> None:
         super().__init__(records, demand)
         self.waited = asyncio.Event()
 
-    def load_under_way(self, name: str) -> Any:
+    def load_under_way(self, name: str) -> AdapterRecord | None:
         found = super().load_under_way(name)
         if found is not None:
             self.waited.set()
