@@ -3,9 +3,11 @@
 A desired adapter that cannot load is retried with ``process.backoff``'s capped
 exponential backoff (up to ``RETRY_CAP_S``), not every pass. Its last failure
 (code, message with URIs redacted, attempts, next try) goes into the load
-record, so ``/v1/adapters`` can show it. The log says when an adapter starts
-failing, when its error changes and when it recovers; a retry failing the same
-way again is logged at debug level only.
+record, so ``/v1/adapters`` can show it. A load refused for size (over
+``DYN_LORA_MAX_BYTES``) is not retried at all until the adapter's declared source
+changes: the same source would be downloaded, and refused, again (its ``retry_at``
+is 0). The log says when an adapter starts failing, when its error changes and when
+it recovers; a retry failing the same way again is logged at debug level only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.fleet_load import LoadFailure
 from lorafleet.proto.limits import shorten
 from lorafleet.proto.uris import redact_uri, redact_uris_in
+from lorafleet.worker.lora.errors import LoraTooLargeError
 
 __all__ = ["LoadRetries"]
 
@@ -57,17 +60,19 @@ class LoadRetries:
 
     def due(self, name: str, source: object = None) -> bool:
         """Whether ``name`` may be tried now from ``source``: never failed, its backoff is
-        over, or the source changed (a fixed URI or ``sha256`` is not made to wait)."""
+        over (never, after a refusal for size), or the source changed (a fixed URI or
+        ``sha256`` is not made to wait)."""
         failure = self._failures.get(name)
         if failure is None or self._tried.get(name) != source:
             return True
-        return self._clock() >= failure.retry_at
+        return _retried(failure) and self._clock() >= failure.retry_at
 
     def next_retry_in_s(self) -> float | None:
         """Seconds until the earliest retry, None when nothing failed."""
-        if not self._failures:
+        retry_ats = [f.retry_at for f in self._failures.values() if _retried(f)]
+        if not retry_ats:
             return None
-        return max(0.0, min(f.retry_at for f in self._failures.values()) - self._clock())
+        return max(0.0, min(retry_ats) - self._clock())
 
     def failed(self, name: str, uri: str, exc: LorafleetError, source: object = None) -> None:
         """Record a failed load of ``name`` from ``uri`` (``source``, compared by
@@ -76,16 +81,19 @@ class LoadRetries:
         previous = self._failures.get(name)
         attempts = 1 if previous is None else previous.attempts + 1
         now = self._clock()
-        delay_s = backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
+        permanent = isinstance(exc, LoraTooLargeError)
+        delay_s = None if permanent else backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
         message = _redact_uris(exc.message)
         self._failures[name] = LoadFailure(
-            code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s
-        )
+            code=exc.code, message=message, at=now, attempts=attempts,
+            retry_at=0.0 if delay_s is None else now + delay_s,
+        )  # fmt: skip
         same = previous is not None and (previous.code, previous.message) == (exc.code, message)
         report = log.debug if same else log.warning
-        report("placement could not load adapter; retrying with backoff", adapter=name,
+        what = "not retrying until its source changes" if permanent else "retrying with backoff"
+        report(f"placement could not load adapter; {what}", adapter=name,
                uri=shorten(redact_uri(uri)), code=exc.code, error=message, attempts=attempts,
-               retry_in_s=round(delay_s, 1))  # fmt: skip
+               retry_in_s=None if delay_s is None else round(delay_s, 1))  # fmt: skip
 
     def succeeded(self, name: str) -> None:
         """``name`` loaded: forget its failure, and say so if it had failed."""
@@ -99,6 +107,11 @@ class LoadRetries:
         for name in [name for name in self._failures if name not in names]:
             del self._failures[name]
             self._tried.pop(name, None)
+
+
+def _retried(failure: LoadFailure) -> bool:
+    """Whether placement tries the failed load again (not after a refusal for size)."""
+    return failure.retry_at > 0
 
 
 def _redact_uris(text: str) -> str:
