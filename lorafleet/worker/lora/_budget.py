@@ -44,11 +44,6 @@ class ByteBudget:
         self._spent += bytes_amount
         self.check(self._spent)
 
-    @property
-    def spent(self) -> int:
-        """Bytes spent so far."""
-        return self._spent
-
     def fresh(self) -> ByteBudget:
         """The same bound and cancellation with nothing spent: an archive's contents are
         bounded on their own, apart from the archive they are extracted from."""

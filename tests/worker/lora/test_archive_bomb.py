@@ -21,10 +21,13 @@ from typing import Any
 
 import pytest
 
+from lorafleet.worker.lora.s3_source import S3Source, default_s3_client
+
 BOUND_BYTES = 8 << 20
 MEMBER_BYTES = 8 << 20
 MEMBERS = 8
 """Eight members of 8 MiB of zeros: 64 MiB on disk from an archive of about 70 KB."""
+THREAD_WAIT_S = 60.0
 
 BOMB_LOADER = textwrap.dedent(
     """
@@ -127,3 +130,38 @@ async def test_an_archive_bomb_from_s3_stops_at_the_bound_and_leaves_nothing_on_
     assert disk.peak <= BOUND_BYTES + len(bomb), f"{disk.peak} bytes on disk during the load"
     assert _disk_bytes(cache) == 0, "the refused load left files behind"
     assert list((cache / ".tmp").iterdir()) == []
+
+
+async def test_a_cancelled_s3_download_stops_in_its_thread_and_removes_what_it_wrote(
+    tmp_path: Path, aws_env: Any, bucket: Any, adapter_bytes: Callable[..., Any]
+) -> None:
+    """A timeout cancels the download's task, but not its thread: held at its GET while the
+    task is cancelled, then let go, the thread must stop and leave no file behind."""
+    bucket.put_object(Key="archives/held.tar.gz", Body=_tar_gz_bomb(adapter_bytes()))
+    at_get, go_on = threading.Event(), threading.Event()
+
+    def holding_client() -> Any:
+        client = default_s3_client()
+
+        def hold(**_: Any) -> None:
+            at_get.set()
+            go_on.wait(THREAD_WAIT_S)
+
+        client.meta.events.register("before-send.s3.GetObject", hold)
+        return client
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    source = S3Source(client_factory=holding_client)
+    download = asyncio.ensure_future(
+        source.download(f"s3://{bucket.name}/archives/held.tar.gz", dest)
+    )
+    assert await asyncio.to_thread(at_get.wait, THREAD_WAIT_S)
+    download.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await download
+    go_on.set()
+
+    async with asyncio.timeout(THREAD_WAIT_S):
+        while dest.exists():  # the thread removes it once it sees the cancellation
+            await asyncio.sleep(0.01)
