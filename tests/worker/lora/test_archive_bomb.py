@@ -11,7 +11,6 @@ import io
 import os
 import subprocess
 import sys
-import tarfile
 import textwrap
 import threading
 import zipfile
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from lorafleet.worker.lora.s3_source import S3Source, default_s3_client
+from tests.worker.lora.conftest import tar_gz
 
 BOUND_BYTES = 8 << 20
 MEMBER_BYTES = 8 << 20
@@ -46,17 +46,7 @@ BOMB_LOADER = textwrap.dedent(
 
 
 def _tar_gz_bomb(adapter: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in adapter.items():
-            info = tarfile.TarInfo(f"bomb/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for n in range(MEMBERS):
-            info = tarfile.TarInfo(f"bomb/zeros-{n}.bin")
-            info.size = MEMBER_BYTES
-            tar.addfile(info, io.BytesIO(bytes(MEMBER_BYTES)))
-    return buffer.getvalue()
+    return tar_gz(adapter | {f"zeros-{n}.bin": bytes(MEMBER_BYTES) for n in range(MEMBERS)})
 
 
 def _zip_bomb(adapter: dict[str, bytes]) -> bytes:
