@@ -33,6 +33,8 @@ RETRY_BASE_S: Final = 1.0
 """The backoff's base: the first retry comes within 2 s, the n-th within 2^n s."""
 RETRY_CAP_S: Final = 180.0
 """The longest wait between two tries of one adapter."""
+RETRIED_EVENT: Final = "placement could not load adapter; retrying with backoff"
+NOT_RETRIED_EVENT: Final = "placement could not load adapter; not retrying until its source changes"
 
 
 class LoadRetries:
@@ -90,8 +92,8 @@ class LoadRetries:
         )  # fmt: skip
         same = previous is not None and (previous.code, previous.message) == (exc.code, message)
         report = log.debug if same else log.warning
-        what = "not retrying until its source changes" if permanent else "retrying with backoff"
-        report(f"placement could not load adapter; {what}", adapter=name,
+        event = NOT_RETRIED_EVENT if permanent else RETRIED_EVENT
+        report(event, adapter=name,
                uri=shorten(redact_uri(uri)), code=exc.code, error=message, attempts=attempts,
                retry_in_s=None if delay_s is None else round(delay_s, 1))  # fmt: skip
 
