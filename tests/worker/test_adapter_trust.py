@@ -7,10 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
+from lorafleet.discovery.keys import adapter_key
+from lorafleet.proto.adapters import AdapterSpec, LoraSource
+from lorafleet.proto.naming import lora_slug
 from tests.processes import ServiceProcess
 from tests.worker.adapters import lying_adapters, make_adapter_dir
+from tests.worker.fleet import wait_for_records
 
 
 def _pickled_adapter(root: Path, name: str) -> str:
@@ -71,6 +76,25 @@ async def test_an_adapter_over_the_size_bound_is_refused_and_the_others_still_lo
     small = make_adapter_dir(tmp_path / "ad", "small")
     assert (await _load(worker, "small", f"file://{small}")).status_code == 200
     assert await _loaded(worker) == {"small"}
+
+
+async def test_a_declared_adapter_refused_for_size_is_not_retried_by_placement(
+    lora_worker, tmp_path: Path, etcd, namespace
+) -> None:
+    """Placement retried an archive bomb 6 times in 38 s: a refusal for size now says, in
+    the load record /v1/adapters shows, that no retry is due (until the source changes)."""
+    lora_worker({"DYN_LORA_MAX_BYTES": "4096"})
+    big = make_adapter_dir(tmp_path / "ad", "big", weights=bytes(8192))
+    spec = AdapterSpec(name="big", base_model="demo", source=LoraSource(uri=f"file://{big}"))
+    await etcd.put(adapter_key(namespace, lora_slug("big")).encode(), msgspec.json.encode(spec))
+
+    def failed(records) -> bool:
+        return any("big" in record.failed for record in records.values())
+
+    (record,) = (await wait_for_records(etcd, namespace, failed, timeout_s=60)).values()
+    failure = record.failed["big"]
+    assert failure.code == "invalid_request" and "DYN_LORA_MAX_BYTES" in failure.message
+    assert failure.retry_at == 0.0 and failure.attempts == 1
 
 
 async def test_weights_that_are_no_safetensors_by_their_bytes_are_refused_whatever_their_name(
