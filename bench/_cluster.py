@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from lorafleet.launch.processes import (
     worker_argv,
 )
 
-__all__ = ["BenchCluster", "Service", "make_adapter_dir"]
+__all__ = ["BenchCluster", "Service", "make_adapter_dir", "placeholder_weights"]
 
 NAMESPACE: Final = "bench"
 
@@ -128,11 +129,22 @@ class BenchCluster:
         return service
 
 
-def make_adapter_dir(root: Path, name: str, base_model: str = "demo") -> Path:
-    """Write a PEFT-shaped adapter folder with placeholder weights; return its path."""
+def placeholder_weights(payload: bytes) -> bytes:
+    """A whole safetensors file holding ``payload`` as one ``U8`` tensor: what engines that
+    read no weights (mocker) are given; workers refuse weights that are no safetensors."""
+    tensor = {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}
+    header = json.dumps({"placeholder": tensor}).encode()
+    return struct.pack("<Q", len(header)) + header + payload
+
+
+def make_adapter_dir(
+    root: Path, name: str, base_model: str = "demo", weights: bytes = b"\x00" * 16
+) -> Path:
+    """Write a PEFT-shaped adapter folder with placeholder weights; return its path. Other
+    ``weights`` (the one tensor's bytes) make another version (another digest)."""
     path = root / name.replace("/", "_")
     path.mkdir(parents=True, exist_ok=True)
     config = {"base_model_name_or_path": base_model, "peft_type": "LORA", "r": 8}
     (path / "adapter_config.json").write_text(json.dumps(config))
-    (path / "adapter_model.safetensors").write_bytes(b"\x00" * 16)
+    (path / "adapter_model.safetensors").write_bytes(placeholder_weights(weights))
     return path

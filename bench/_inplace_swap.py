@@ -108,8 +108,8 @@ def _versions(engine: str, root: Path) -> tuple[str, str]:
     if engine == "hf":
         demo = ensure_demo_model()
         return f"file://{demo.adapters['pirate']}", f"file://{demo.adapters['robot']}"
-    old, new = make_adapter_dir(root / "v1", ADAPTER), make_adapter_dir(root / "v2", ADAPTER)
-    (new / "adapter_model.safetensors").write_bytes(b"\x01" * 16)  # other weights, other digest
+    old = make_adapter_dir(root / "v1", ADAPTER)
+    new = make_adapter_dir(root / "v2", ADAPTER, weights=b"\x01" * 16)  # other weights, digest
     return f"file://{old}", f"file://{new}"
 
 

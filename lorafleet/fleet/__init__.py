@@ -30,6 +30,7 @@ from lorafleet.fleet.placement import (
     rendezvous_order,
     wanted_copies,
 )
+from lorafleet.fleet.safetensors_file import SAFETENSORS_HEADER_MAX_BYTES, safetensors_problem
 from lorafleet.fleet.slo import (
     P95_SHARE,
     SETTLE_WINDOWS,
@@ -51,6 +52,7 @@ __all__ = [
     "LOAD_BOUND_EPS",
     "P95_SHARE",
     "RendezvousCache",
+    "SAFETENSORS_HEADER_MAX_BYTES",
     "SETTLE_WINDOWS",
     "adapter_bytes",
     "adapter_problem",
@@ -68,6 +70,7 @@ __all__ = [
     "plan_copies",
     "read_adapter_config",
     "rendezvous_order",
+    "safetensors_problem",
     "slo_floor",
     "version_key",
     "wanted_copies",

@@ -2,11 +2,12 @@
 
 A directory passes when ``adapter_config.json`` is a JSON object naming a base
 model or a PEFT type, and a non-empty ``adapter_model.safetensors`` or
-``adapter_model.bin`` is present. The tensor format is the engine's business;
-the only thing checked inside a safetensors file is visible truncation (its
-header parses and declares more bytes than the file holds). The check reads a
-few kilobytes at most. This is the one reader of ``adapter_config.json``: the
-engines' rank check (:func:`check_adapter_rank`) reads it here too.
+``adapter_model.bin`` is present. ``adapter_model.safetensors`` must be one by its
+bytes, whatever its name says (``fleet.safetensors_file``): a header the file holds
+whole, whose tensors' offsets tile the file exactly; the tensors themselves are the
+engine's business. The check reads the header only. This is the one reader of
+``adapter_config.json``: the engines' rank check (:func:`check_adapter_rank`) reads it
+here too.
 
 ``adapter_model.bin`` is a pickle, which runs code when it is loaded: it passes
 :func:`adapter_problem` (the file is usable) but :func:`pickle_problem` refuses it
@@ -16,11 +17,11 @@ unless the operator allows pickles (``DYN_LORA_ALLOW_PICKLE``).
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
+from lorafleet.fleet.safetensors_file import safetensors_problem
 from lorafleet.proto.errors import InvalidRequestError
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
 ADAPTER_CONFIG: Final = "adapter_config.json"
 ADAPTER_WEIGHTS: Final = ("adapter_model.safetensors", "adapter_model.bin")
 CONFIG_MAX_BYTES: Final = 1 << 20
-SAFETENSORS_HEADER_MAX_BYTES: Final = 100 << 20
 _CONFIG_NAMES: Final = ("base_model_name_or_path", "peft_type")
 ALLOW_PICKLE_VARIABLE: Final = "DYN_LORA_ALLOW_PICKLE"
 
@@ -53,7 +53,7 @@ def adapter_problem(path: Path) -> str | None:
         if weights.is_file():
             if weights.stat().st_size == 0:
                 return f"{weights.name} is empty"
-            return _truncation(weights) if weights.suffix == ".safetensors" else None
+            return safetensors_problem(weights) if weights.suffix == ".safetensors" else None
     return f"neither {' nor '.join(ADAPTER_WEIGHTS)} is present"
 
 
@@ -119,29 +119,4 @@ def _config_problem(path: Path) -> str | None:
         return str(exc)
     if not any(isinstance(parsed.get(name), str) and parsed[name] for name in _CONFIG_NAMES):
         return f"{ADAPTER_CONFIG} names neither {' nor '.join(_CONFIG_NAMES)}"
-    return None
-
-
-def _truncation(weights: Path) -> str | None:
-    """Return a problem only when the safetensors header proves the file was cut short."""
-    size = weights.stat().st_size
-    with weights.open("rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            return None
-        (header_len,) = struct.unpack("<Q", prefix)
-        if not 0 < header_len <= SAFETENSORS_HEADER_MAX_BYTES:
-            return None
-        raw = handle.read(header_len)
-    try:
-        header = json.loads(raw)
-        data_end = max(
-            (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
-            default=0,
-        )
-    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError, IndexError):
-        cut_short = len(raw) < header_len and raw.startswith(b"{")
-        return f"{weights.name} is truncated (in its header)" if cut_short else None
-    if size < 8 + header_len + data_end:
-        return f"{weights.name} is truncated ({size} of {8 + header_len + data_end} bytes)"
     return None

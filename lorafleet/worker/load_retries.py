@@ -6,8 +6,10 @@ exponential backoff (up to ``RETRY_CAP_S``), not every pass. Its last failure
 record, so ``/v1/adapters`` can show it. The message is kept whole: it is this
 worker's own, and its fix is often at its end (``set DYN_LORA_ALLOW_PICKLE=true``);
 the caller's text in it is already bounded (names by validation, URIs by
-``LoraSourceError``). The log says when an adapter starts
-failing, when its error changes and when it recovers; a retry failing the same
+``LoraSourceError``). A load refused for size (over ``DYN_LORA_MAX_BYTES``) is not
+retried at all until the adapter's declared source changes: the same source would be
+downloaded, and refused, again (its ``retry_at`` is 0). The log says when an adapter
+starts failing, when its error changes and when it recovers; a retry failing the same
 way again is logged at debug level only.
 """
 
@@ -24,6 +26,7 @@ from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.fleet_load import LoadFailure
 from lorafleet.proto.limits import shorten
 from lorafleet.proto.uris import redact_uri, redact_uris_in
+from lorafleet.worker.lora.errors import LoraTooLargeError
 
 __all__ = ["LoadRetries"]
 
@@ -33,6 +36,8 @@ RETRY_BASE_S: Final = 1.0
 """The backoff's base: the first retry comes within 2 s, the n-th within 2^n s."""
 RETRY_CAP_S: Final = 180.0
 """The longest wait between two tries of one adapter."""
+RETRIED_EVENT: Final = "placement could not load adapter; retrying with backoff"
+NOT_RETRIED_EVENT: Final = "placement could not load adapter; not retrying until its source changes"
 
 
 class LoadRetries:
@@ -60,17 +65,19 @@ class LoadRetries:
 
     def due(self, name: str, source: object = None) -> bool:
         """Whether ``name`` may be tried now from ``source``: never failed, its backoff is
-        over, or the source changed (a fixed URI or ``sha256`` is not made to wait)."""
+        over (never, after a refusal for size), or the source changed (a fixed URI or
+        ``sha256`` is not made to wait)."""
         failure = self._failures.get(name)
         if failure is None or self._tried.get(name) != source:
             return True
-        return self._clock() >= failure.retry_at
+        return _retried(failure) and self._clock() >= failure.retry_at
 
     def next_retry_in_s(self) -> float | None:
         """Seconds until the earliest retry, None when nothing failed."""
-        if not self._failures:
+        retry_ats = [f.retry_at for f in self._failures.values() if _retried(f)]
+        if not retry_ats:
             return None
-        return max(0.0, min(f.retry_at for f in self._failures.values()) - self._clock())
+        return max(0.0, min(retry_ats) - self._clock())
 
     def failed(self, name: str, uri: str, exc: LorafleetError, source: object = None) -> None:
         """Record a failed load of ``name`` from ``uri`` (``source``, compared by
@@ -79,16 +86,19 @@ class LoadRetries:
         previous = self._failures.get(name)
         attempts = 1 if previous is None else previous.attempts + 1
         now = self._clock()
-        delay_s = backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
+        permanent = isinstance(exc, LoraTooLargeError)
+        delay_s = None if permanent else backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
         message = redact_uris_in(exc.message)
         self._failures[name] = LoadFailure(
-            code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s
-        )
+            code=exc.code, message=message, at=now, attempts=attempts,
+            retry_at=0.0 if delay_s is None else now + delay_s,
+        )  # fmt: skip
         same = previous is not None and (previous.code, previous.message) == (exc.code, message)
         report = log.debug if same else log.warning
-        report("placement could not load adapter; retrying with backoff", adapter=name,
+        event = NOT_RETRIED_EVENT if permanent else RETRIED_EVENT
+        report(event, adapter=name,
                uri=shorten(redact_uri(uri)), code=exc.code, error=message, attempts=attempts,
-               retry_in_s=round(delay_s, 1))  # fmt: skip
+               retry_in_s=None if delay_s is None else round(delay_s, 1))  # fmt: skip
 
     def succeeded(self, name: str) -> None:
         """``name`` loaded: forget its failure, and say so if it had failed."""
@@ -102,3 +112,8 @@ class LoadRetries:
         for name in [name for name in self._failures if name not in names]:
             del self._failures[name]
             self._tried.pop(name, None)
+
+
+def _retried(failure: LoadFailure) -> bool:
+    """Whether placement tries the failed load again (not after a refusal for size)."""
+    return failure.retry_at > 0

@@ -27,7 +27,7 @@ from lorafleet.proto.naming import lora_slug
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
 from tests.frontend.stand_in import StandInWorker
 from tests.frontend.test_on_demand import _instance_id, _loaded
-from tests.worker.adapters import make_adapter_dir
+from tests.worker.adapters import lying_adapters, make_adapter_dir
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -211,6 +211,8 @@ async def test_statically_wrong_input_answers_4xx_and_changes_nothing(
         str(wide): "has rank 16",
         "adapters/../x/y": "lora_path",
     }
+    lying = lying_adapters(tmp_path / "lying")  # weights that are no safetensors by content
+    cases |= {str(path): f"of adapter 'bad' is no LoRA adapter: {p}" for path, p in lying.items()}
     for path, problem in cases.items():
         body = {"lora_name": "bad", "lora_path": path}
         answer = await admin_frontend.http.post("/v1/load_lora_adapter", json=body, headers=AUTH)

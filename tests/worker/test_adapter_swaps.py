@@ -15,6 +15,7 @@ import httpx
 import nats
 import pytest
 
+from bench._cluster import placeholder_weights
 from lorafleet.proto.discovery import LoraInfo, decode_card, decode_instance
 from lorafleet.proto.inference import ErrorChunk, GenerateRequest, SamplingParams
 from lorafleet.proto.naming import lora_id
@@ -223,7 +224,9 @@ async def test_a_load_of_changed_files_under_the_same_path_swaps_to_them(
     body = {"lora_name": "swap", "source": {"uri": f"file://{versions['v1']}"}}
     async with httpx.AsyncClient(base_url=worker.url, headers=AUTH) as client:
         assert (await client.post("/v1/loras", json=body)).status_code == 200
-        (Path(versions["v1"]) / "adapter_model.safetensors").write_bytes(WEIGHTS["v2"])
+        (Path(versions["v1"]) / "adapter_model.safetensors").write_bytes(
+            placeholder_weights(WEIGHTS["v2"])
+        )
         again = await client.post("/v1/loras", json=body)
     assert again.status_code == 200, again.text
     assert "swapped" in again.json()["message"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lorafleet.proto.adapters import LoraSource
 from lorafleet.proto.errors import ConflictError, NotFoundError
 from lorafleet.worker.load_retries import RETRY_CAP_S, LoadRetries
+from lorafleet.worker.lora.errors import adapter_too_big
 from tests.hand_clock import HandClock
 
 
@@ -41,3 +42,18 @@ def test_a_changed_source_is_due_at_once_the_same_one_waits_for_its_backoff() ->
     retries.failed("pirate", wrong.uri, ConflictError("digest differs"), wrong)
     assert not retries.due("pirate", wrong)
     assert retries.due("pirate", LoraSource(uri="s3://bucket/pirate", sha256="1" * 64))
+
+
+def test_a_load_refused_for_size_is_not_retried_until_its_source_changes() -> None:
+    clock = HandClock()
+    retries = LoadRetries(clock=clock)
+    bomb = LoraSource(uri="s3://bucket/bomb.tar.gz")
+    refused = adapter_too_big(bomb.uri, 16 << 20, 8 << 20)
+    retries.failed("bomb", bomb.uri, refused, bomb)
+    failure = retries.failures["bomb"]
+    assert failure.code == "invalid_request" and "DYN_LORA_MAX_BYTES" in failure.message
+    assert failure.retry_at == 0.0 and retries.next_retry_in_s() is None
+
+    clock.now += 10 * RETRY_CAP_S
+    assert not retries.due("bomb", bomb)
+    assert retries.due("bomb", LoraSource(uri="s3://bucket/smaller.tar.gz"))

@@ -8,6 +8,7 @@ from lorafleet.worker.lora.errors import (
     LoraInvalidUriError,
     LoraNotFoundError,
     LoraSourceError,
+    LoraTooLargeError,
     LoraUnavailableError,
 )
 from lorafleet.worker.lora.hf_source import HfSource
@@ -26,6 +27,7 @@ __all__ = [
     "LoraInvalidUriError",
     "LoraNotFoundError",
     "LoraSourceError",
+    "LoraTooLargeError",
     "LoraUnavailableError",
     "redact_uri",
 ]

@@ -128,9 +128,10 @@ class LoRAManagerConfig(Settings):
     max_adapter_bytes: int | None = setting(
         None, env="DYN_LORA_MAX_BYTES", parse=_byte_count, check=_positive_or_none,
         help="one adapter's size bound: checked from S3's listing and the hub's file listing "
-        "(`hf://`) before any download, on S3's stream, on what any other source writes "
-        "(every 0.1 s), and on `file://` adapters; over it the load is refused with 400 and "
-        "nothing stays in the cache",
+        "(`hf://`) before any download, on S3's stream, on an archive's declared member sizes "
+        "and on every chunk it expands to, on what any other source writes (every 0.1 s), "
+        "and on `file://` adapters; over it the load is refused with 400, nothing stays in "
+        "the cache, and placement does not retry it until the declared source changes",
         more=_BYTES_MORE,
     )  # fmt: skip
     allow_pickle: bool = setting(

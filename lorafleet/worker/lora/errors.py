@@ -7,6 +7,7 @@ Every error names the URI (secrets removed) and a hint, and maps onto a
     ├── LoraSourceError               about one URI; .uri (redacted), .reason, .hint
     │   ├── LoraInvalidUriError       + InvalidRequestError  malformed, unknown, disallowed
     │   ├── LoraInvalidAdapterError   + InvalidRequestError  not a usable adapter
+    │   │   └── LoraTooLargeError                            over DYN_LORA_MAX_BYTES
     │   ├── LoraNotFoundError         + NotFoundError        nothing at that URI
     │   └── LoraUnavailableError      + UnavailableError     unreachable, credentials, crash
     └── LoraConfigError               + InvalidRequestError, ValueError  bad DYN_LORA_*
@@ -35,6 +36,7 @@ __all__ = [
     "LoraInvalidUriError",
     "LoraNotFoundError",
     "LoraSourceError",
+    "LoraTooLargeError",
     "LoraUnavailableError",
     "adapter_too_big",
     "is_local_disk_error",
@@ -73,6 +75,12 @@ class LoraInvalidAdapterError(LoraSourceError, InvalidRequestError):
     """The files at the URI are not a PEFT adapter (or would escape their directory)."""
 
 
+class LoraTooLargeError(LoraInvalidAdapterError):
+    """The adapter (listed, declared by an archive, or written so far) is over
+    ``DYN_LORA_MAX_BYTES``. Loading it again from the same source cannot help, so placement
+    does not retry it until its declared source changes."""
+
+
 class LoraNotFoundError(LoraSourceError, NotFoundError):
     """Nothing exists at the URI: missing path, bucket or prefix."""
 
@@ -98,9 +106,9 @@ def is_local_disk_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in LOCAL_DISK_ERRNOS
 
 
-def adapter_too_big(uri: str, size: int, bound: int) -> LoraInvalidAdapterError:
+def adapter_too_big(uri: str, size: int, bound: int) -> LoraTooLargeError:
     """The error for an adapter of ``size`` bytes (listed or written so far) over ``bound``."""
-    return LoraInvalidAdapterError(
+    return LoraTooLargeError(
         uri,
         f"the adapter is larger than DYN_LORA_MAX_BYTES ({size} > {bound} bytes)",
         hint="raise DYN_LORA_MAX_BYTES on the workers if this adapter is expected",

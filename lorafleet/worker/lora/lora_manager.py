@@ -389,8 +389,9 @@ class LoRAManager:
         """Await ``download``, cancelling it once ``dest`` holds more than the adapter bound.
 
         A backstop for sources that cannot bound themselves (custom ones): S3 stops its own
-        stream at the bound. Checked every ``SIZE_CHECK_INTERVAL_S``, so a source may write
-        past the bound for that long before it is cut off; the download directory is removed.
+        stream, and an archive's extraction, at the bound. Checked every
+        ``SIZE_CHECK_INTERVAL_S``, so a source may write past the bound for that long before
+        it is cut off; the download directory is removed.
         The source's ``bookkeeping`` entries in ``dest`` (removed before it returns) are not
         counted, so a bound equal to an adapter's size lets it through.
         """

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import threading
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 
 from lorafleet.fleet.adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from lorafleet.proto.uris import split_uri
+from lorafleet.worker.lora._budget import ByteBudget
 from lorafleet.worker.lora.archive import extract_archive, is_archive_name, safe_join
 from lorafleet.worker.lora.errors import (
     LoraInvalidAdapterError,
@@ -27,7 +29,6 @@ from lorafleet.worker.lora.errors import (
     LoraNotFoundError,
     LoraSourceError,
     LoraUnavailableError,
-    adapter_too_big,
     is_local_disk_error,
 )
 from lorafleet.worker.lora.s3_errors import translate_s3_error
@@ -101,6 +102,9 @@ class S3Source:
     """Downloads the adapter under an S3 prefix (or one archive object) through boto3."""
 
     name = "s3"
+    bookkeeping = (ARCHIVE_FILE_NAME,)
+    """The downloaded archive is not the adapter: it goes once extracted, and is bounded
+    on its own (its contents are bounded apart from it)."""
 
     def __init__(
         self, *, client_factory: S3ClientFactory = default_s3_client, max_bytes: int | None = None
@@ -112,8 +116,19 @@ class S3Source:
         self._client_lock = threading.Lock()
 
     async def download(self, uri: str, dest: Path) -> Path:
-        """Fetch every object under the prefix into ``dest`` and return ``dest``."""
-        return await asyncio.to_thread(self._guarded, self._download_blocking, uri, dest)
+        """Fetch every object under the prefix into ``dest`` and return ``dest``.
+
+        Cancelled (a timeout, the manager's size watch), its thread stops at its next
+        chunk and removes what it wrote: a thread cannot be cancelled, and would otherwise
+        go on writing after the manager removed ``dest``.
+        """
+        cancelled = threading.Event()
+        try:
+            download = self._download_blocking
+            return await asyncio.to_thread(self._guarded, download, uri, dest, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     async def version_tag(self, uri: str) -> str:
         """A hash of the objects' keys, ETags and sizes under the prefix (one listing), or of
@@ -177,10 +192,18 @@ class S3Source:
         lines = sorted(f"{item.key}\0{item.etag}\0{item.size}" for item in listed)
         return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
-    def _download_blocking(self, uri: str, dest: Path) -> Path:
+    def _download_blocking(self, uri: str, dest: Path, cancelled: threading.Event) -> Path:
+        try:
+            return self._fetch_blocking(
+                uri, dest, ByteBudget(uri, self._max_bytes, cancelled=cancelled)
+            )
+        finally:
+            if cancelled.is_set():
+                shutil.rmtree(dest, ignore_errors=True)
+
+    def _fetch_blocking(self, uri: str, dest: Path, budget: ByteBudget) -> Path:
         bucket, prefix = parse_s3_uri(uri)
         client = self._client_or_new(uri)
-        budget = _ByteBudget(uri, self._max_bytes)
         if is_archive_name(prefix):
             budget.check(int(client.head_object(Bucket=bucket, Key=prefix)["ContentLength"]))
             return _fetch_archive(client, bucket, prefix, dest, uri, budget)
@@ -228,23 +251,6 @@ def _single_stream() -> Any:
     return TransferConfig(use_threads=False)
 
 
-class _ByteBudget:
-    """One adapter's byte bound, as boto3's progress callback: raising stops the stream, so a
-    source whose objects outgrow their listing (or a bound passed mid-way) writes no more."""
-
-    def __init__(self, uri: str, bound: int | None) -> None:
-        self._uri, self._bound, self._received = uri, bound, 0
-
-    def check(self, size: int) -> None:
-        """Refuse ``size`` bytes (listed, or received so far) over the bound."""
-        if self._bound is not None and size > self._bound:
-            raise adapter_too_big(self._uri, size, self._bound)
-
-    def __call__(self, bytes_amount: int) -> None:
-        self._received += bytes_amount
-        self.check(self._received)
-
-
 class _Object(NamedTuple):
     """One object as a listing (or a HEAD) shows it."""
 
@@ -276,12 +282,13 @@ def _list_objects(client: Any, bucket: str, prefix: str, uri: str) -> list[_Obje
 
 
 def _fetch_archive(
-    client: Any, bucket: str, key: str, dest: Path, uri: str, budget: _ByteBudget
+    client: Any, bucket: str, key: str, dest: Path, uri: str, budget: ByteBudget
 ) -> Path:
-    """Download one archive object and extract it; a single top folder becomes the adapter."""
+    """Download one archive object and extract it; a single top folder becomes the adapter.
+    The archive and its contents are each bounded by ``budget``'s bound."""
     archive = dest / ARCHIVE_FILE_NAME
     client.download_file(bucket, key, str(archive), Config=_single_stream(), Callback=budget)
-    extract_archive(archive, dest, uri=uri)
+    extract_archive(archive, dest, uri=uri, budget=budget.fresh())
     archive.unlink()
     children = list(dest.iterdir())
     if not (dest / ADAPTER_CONFIG).exists() and len(children) == 1 and children[0].is_dir():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import struct
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 import uuid
@@ -44,6 +46,17 @@ def write_adapter(path: Path, files: dict[str, bytes] | None = None) -> Path:
     for name, data in (files or adapter_files()).items():
         (path / name).write_bytes(data)
     return path
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    """A .tar.gz holding ``files`` in one folder, as adapters are often archived."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"robot/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 @pytest.fixture

@@ -35,14 +35,18 @@ def test_truncated_safetensors_is_caught(
     assert problem is not None and "truncated" in problem
 
 
-def test_placeholder_weights_pass_but_empty_ones_do_not(tmp_path: Path) -> None:
+def test_weights_that_are_not_safetensors_by_their_bytes_are_refused_empty_ones_too(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
     weights = tmp_path / "adapter_model.safetensors"
-    weights.write_bytes(b"\x00" * 16)  # what engines that read no weights are given
-    assert adapter_problem(tmp_path) is None
+    weights.write_bytes(b"\x00" * 16)  # no header at all
 
+    assert adapter_problem(tmp_path) == (
+        "adapter_model.safetensors is not a safetensors file (its first 8 bytes declare a "
+        "header of 0 bytes, not 1 to 100000000)"
+    )
     weights.write_bytes(b"")
-
     assert adapter_problem(tmp_path) == "adapter_model.safetensors is empty"
 
 

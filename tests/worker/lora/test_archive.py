@@ -1,4 +1,5 @@
-"""Archive extraction and key placement never write outside the destination."""
+"""Archive extraction and key placement never write outside the destination, nor past the
+adapter bound."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lorafleet.worker.lora.archive import extract_archive, safe_join
+from lorafleet.worker.lora._budget import ByteBudget
+from lorafleet.worker.lora.archive import ARCHIVE_MEMBERS_MAX, extract_archive, safe_join
 from lorafleet.worker.lora.errors import LoraInvalidAdapterError
 
 URI = "s3://bucket/adapter.tar.gz"
@@ -84,3 +86,38 @@ def test_safe_join_refuses_a_symlinked_folder_leading_outside(tmp_path: Path) ->
     with pytest.raises(LoraInvalidAdapterError):
         safe_join(dest, "link/escape.txt", uri=URI)
     assert safe_join(dest, "sub/ok.txt", uri=URI) == dest / "sub" / "ok.txt"
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_members_declaring_more_than_the_bound_are_refused_before_a_byte_is_written(
+    tmp_path: Path, kind: str
+) -> None:
+    members = {"adapter_config.json": b"{}", "a.bin": bytes(600), "b.bin": bytes(600)}
+    archive = tmp_path / f"a.{kind}"
+    if kind == "tar":
+        _tar(archive, members)
+    else:
+        with zipfile.ZipFile(archive, "w") as zipped:
+            for name, data in members.items():
+                zipped.writestr(name, data)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    with pytest.raises(LoraInvalidAdapterError, match=r"DYN_LORA_MAX_BYTES \(1202 > 1000 bytes\)"):
+        extract_archive(archive, dest, uri=URI, budget=ByteBudget(URI, 1000))
+
+    assert list(dest.iterdir()) == []
+    extract_archive(archive, dest, uri=URI, budget=ByteBudget(URI, 1202))  # at the bound: fits
+    assert (dest / "b.bin").read_bytes() == bytes(600)
+
+
+def test_an_archive_of_more_members_than_an_adapter_has_is_refused(tmp_path: Path) -> None:
+    empty = {f"f{n}": b"" for n in range(ARCHIVE_MEMBERS_MAX + 1)}
+    archive = _tar(tmp_path / "a.tar.gz", empty)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+
+    with pytest.raises(LoraInvalidAdapterError, match=f"more than {ARCHIVE_MEMBERS_MAX} members"):
+        extract_archive(archive, dest, uri=URI)
+
+    assert list(dest.iterdir()) == []

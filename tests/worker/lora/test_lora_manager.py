@@ -93,7 +93,9 @@ class ConfiguredSource:
     async def download(self, uri: str, dest: Path) -> Path:
         def write() -> None:
             (dest / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
-            (dest / "adapter_model.safetensors").write_bytes(b"weights:" + uri.encode())
+            header = json.dumps({"__metadata__": {"source": uri}}).encode()
+            weights = len(header).to_bytes(8, "little") + header  # safetensors of no tensor
+            (dest / "adapter_model.safetensors").write_bytes(weights)
         await asyncio.to_thread(write)
         return dest
 
@@ -117,7 +119,7 @@ async def test_custom_source_named_in_configuration_is_imported_and_used(
     path = await manager.download("cfg://robot")
 
     assert manager.supported_schemes() == {"file", "s3", "hf", "cfg"}
-    assert (path / "adapter_model.safetensors").read_bytes() == b"weights:cfg://robot"
+    assert b'{"source": "cfg://robot"}' in (path / "adapter_model.safetensors").read_bytes()
 
 
 async def test_failing_source_falls_through_to_the_next_one(

@@ -28,6 +28,7 @@ from lorafleet.worker.lora import (
 from lorafleet.worker.lora.s3_source import S3Source
 from lorafleet.worker.lora.uri import cache_key
 from tests.faults import TcpProxy
+from tests.worker.lora.conftest import tar_gz
 
 
 def _manager(tmp_path: Path) -> LoRAManager:
@@ -153,21 +154,10 @@ async def test_object_key_escaping_the_prefix_is_refused_and_nothing_is_written(
     assert _cache_entries(tmp_path) == []
 
 
-def _tar_gz(files: dict[str, bytes]) -> bytes:
-    """A .tar.gz holding ``files`` in one folder, as adapters are often archived."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(f"robot/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 async def test_tar_archive_object_is_extracted_from_its_single_folder(
     tmp_path: Path, aws_env: Any, bucket: Any, adapter_bytes: Callable[..., Any]
 ) -> None:
-    bucket.put_object(Key="archives/robot.tar.gz", Body=_tar_gz(adapter_bytes()))
+    bucket.put_object(Key="archives/robot.tar.gz", Body=tar_gz(adapter_bytes()))
     uri = f"s3://{bucket.name}/archives/robot.tar.gz"
 
     path = await _manager(tmp_path).download(uri)
@@ -180,7 +170,7 @@ async def test_a_refresh_fetches_a_changed_archive_again_and_reuses_an_unchanged
     tmp_path: Path, aws_env: Any, bucket: Any, adapter_bytes: Callable[..., Any]
 ) -> None:
     """The archive's ETag (one HEAD) tells whether the cached copy is still the object."""
-    bucket.put_object(Key="archives/robot.tar.gz", Body=_tar_gz(adapter_bytes()))
+    bucket.put_object(Key="archives/robot.tar.gz", Body=tar_gz(adapter_bytes()))
     uri = f"s3://{bucket.name}/archives/robot.tar.gz"
     manager = _manager(tmp_path)
     path = await manager.download(uri)
@@ -189,7 +179,7 @@ async def test_a_refresh_fetches_a_changed_archive_again_and_reuses_an_unchanged
 
     assert await manager.download(uri, refresh=True) == path
     assert [r.split(" ")[0] for r in aws_env.requests()] == ["HEAD"]  # asked, not fetched
-    bucket.put_object(Key="archives/robot.tar.gz", Body=_tar_gz(adapter_bytes(rank=2)))
+    bucket.put_object(Key="archives/robot.tar.gz", Body=tar_gz(adapter_bytes(rank=2)))
     assert (await manager.download(uri)) == path  # a plain download keeps the cached copy
     assert (path / "adapter_model.safetensors").read_bytes() == weights
 
