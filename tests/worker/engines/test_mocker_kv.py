@@ -3,6 +3,8 @@ next turn reusing the whole conversation, salts and adapter versions kept apart.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -80,3 +82,25 @@ async def test_no_cache_means_no_events_and_no_spec() -> None:
     engine, events = _engine("kv-off", kv_cache_blocks=0)
     await _answer(engine, GenerateRequest(request_id="r", model="kv-off", prompt=LONG))
     assert (events, engine.kv_cache_spec(), _counted("kv-off")) == ([], None, (40, 0))
+
+
+async def test_prefills_run_one_at_a_time_and_a_cached_prompt_costs_none() -> None:
+    """At 1,000 s per uncached token, only a prompt whose every block is cached can answer:
+    the second one does, once the first one's prefill (cancelled) lets it in."""
+    engine, _ = _engine("kv-serial", prefill_time_per_token_s=1000.0)
+    whole_blocks = " ".join(f"w{i}" for i in range(32))
+    first = engine.generate(GenerateRequest(request_id="a", model="kv-serial", prompt=whole_blocks))
+    second = engine.generate(
+        GenerateRequest(request_id="b", model="kv-serial", prompt=whole_blocks)
+    )
+    prefilling = asyncio.create_task(anext(first))
+    waiting = asyncio.create_task(anext(second))
+    for _ in range(20):  # let the loop run both as far as they can go
+        await asyncio.sleep(0)
+    assert not prefilling.done() and not waiting.done()  # "b" waits behind "a"'s prefill
+    prefilling.cancel()  # the generator ends with it, its blocks stay cached
+    with contextlib.suppress(asyncio.CancelledError):
+        await prefilling
+    token = await asyncio.wait_for(waiting, 30)
+    assert isinstance(token, TokenChunk)
+    await second.aclose()
