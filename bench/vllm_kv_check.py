@@ -5,9 +5,10 @@ Run where vLLM runs (a GPU machine, or the vLLM venv on CPU)::
     python -m bench.vllm_kv_check --model PATH      # PATH: the demo model's folder (default)
 
 It starts the engine with prefix caching and KV events on, sends one long prompt twice
-to the base model and to the ``pirate`` adapter, and prints one JSON object: the relayed
-events, the prefix-cache counters, and whether the relayed hashes are the fleet's hashes
-of the prompt's tokens (what a frontend computes). Exits 1 when a check fails.
+to the base model and to the ``pirate`` adapter, and once more to the base model with a
+``cache_salt``, and prints one JSON object: the relayed events, the prefix-cache counters,
+and whether the relayed hashes are the fleet's hashes of the prompt's tokens under each
+version and salt (what a frontend computes). Exits 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from lorafleet.worker.engines.vllm import VLLMEngine
 
 PROMPT: Final = " ".join(["Tell me a joke about the seven seas and a tiny robot."] * 12)
 ADAPTER: Final = "pirate"
+SALT: Final = "tenant-a"
 SETTLE_S: Final = 1.0
 """vLLM publishes a step's events after the step; wait this long for the last ones."""
 
 
-async def _ask(engine: VLLMEngine, model: str, request_id: str) -> int:
-    request = GenerateRequest(request_id=request_id, model=model, prompt=PROMPT,
+async def _ask(engine: VLLMEngine, model: str, request_id: str, salt: str = "") -> int:
+    request = GenerateRequest(request_id=request_id, model=model, prompt=PROMPT, cache_salt=salt,
                               sampling=SamplingParams(max_tokens=4, temperature=0.0))  # fmt: skip
     async for chunk in engine.generate(request):
         if isinstance(chunk, FinalChunk):
@@ -43,12 +45,12 @@ async def _ask(engine: VLLMEngine, model: str, request_id: str) -> int:
     return 0
 
 
-def _expected(model_path: str, version: str, block_size: int) -> list[int]:
+def _expected(model_path: str, version: str, block_size: int, salt: str) -> list[int]:
     """The fleet's hashes of the prompt's whole blocks, from the model's own tokenizer."""
     from transformers import AutoTokenizer
 
     tokens = list(AutoTokenizer.from_pretrained(model_path).encode(PROMPT))
-    return block_hashes(tokens, block_size, version)
+    return block_hashes(tokens, block_size, version, salt)
 
 
 async def run(model: str, adapter_path: str | None) -> dict[str, Any]:
@@ -67,6 +69,7 @@ async def run(model: str, adapter_path: str | None) -> dict[str, Any]:
             await engine.add_adapter(ADAPTER, lora_id(ADAPTER), Path(adapter_path))
             models.append(ADAPTER)
         prompt_tokens = {m: [await _ask(engine, m, f"{m}-{i}") for i in (1, 2)] for m in models}
+        await _ask(engine, DEMO_MODEL_NAME, "salted", SALT)
         await asyncio.sleep(SETTLE_S)
         spec = engine.kv_cache_spec()
     finally:
@@ -77,10 +80,11 @@ async def run(model: str, adapter_path: str | None) -> dict[str, Any]:
     for event in events:
         if isinstance(event, BlocksStored):
             stored.setdefault(event.version, []).extend(event.hashes)
+    cases = [(version_key(m), "") for m in models] + [(DEMO_MODEL_NAME, SALT)]
     checks = {
-        version: stored.get(version, [])[: len(want)] == want
-        for version in (version_key(m) for m in models)
-        if (want := _expected(model, version, block_size))
+        f"{version} salt={salt!r}": set(want) <= set(stored.get(version, []))
+        for version, salt in cases
+        if (want := _expected(model, version, block_size, salt))
     }
     return {
         "kv_cache_spec": spec and {"block_size": spec.block_size, "num_blocks": spec.num_blocks},
