@@ -77,6 +77,12 @@ class InstanceLoad(msgspec.Struct, kw_only=True, frozen=True):
     evicts_placed: bool = False
     """Whether ``evicts`` is a copy placement chose this instance for: evicting it costs a
     second load when placement puts it back, so frontends try other full instances first."""
+    prefix_cache_queries: int = 0
+    """Prompt tokens this worker looked up in its engine's prefix cache since it started
+    (vLLM's ``vllm:prefix_cache_queries``, every model together)."""
+    prefix_cache_hits: int = 0
+    """Of those, the tokens found cached (``vllm:prefix_cache_hits``): the hit ratio is
+    hits / queries; both 0 for an engine without a prefix cache."""
 
     @property
     def free_slots(self) -> int:

@@ -87,6 +87,12 @@ class AdapterEngine(LLMEngine):
             )
         return handle
 
+    def kv_version(self, key: str) -> str:
+        """The version the KV blocks of engine key ``key`` belong to: the adapter's name and
+        full digest, as its card says (``fleet.kv_blocks.version_key``), so frontends key
+        them as the card does; the key itself without LoRA management."""
+        return self.lora.kv_version(key) if self.lora is not None else key
+
     @abc.abstractmethod
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
         """Make the adapter version keyed ``name`` (``adapter@digest``) usable by ``generate``;

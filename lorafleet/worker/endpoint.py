@@ -1,7 +1,8 @@
 """The worker's NATS endpoint: serves its subject and publishes the engine's cards.
 
 It decodes every message on the instance subject, streams generate requests
-back to their reply inbox, cancels on request, answers pings and updates.
+back to their reply inbox, cancels on request, answers pings, KV snapshot requests and
+updates.
 Updates need the worker's token (``DYN_SYSTEM_AUTH_TOKEN``, when set) in the
 message's ``Authorization`` header, as the status server's routes do.
 It is the ``ModelEndpoint`` handed to the engine in ``on_endpoint_ready``.
@@ -39,6 +40,7 @@ from lorafleet.proto.inference import (
     ErrorChunk,
     FinalChunk,
     GenerateRequest,
+    KvSnapshotRequest,
     PingRequest,
     TokenChunk,
     UpdateReply,
@@ -47,9 +49,11 @@ from lorafleet.proto.inference import (
     encode_msg,
     join_tokens,
 )
+from lorafleet.proto.kv_events import KvSnapshot
 from lorafleet.worker import metrics
 from lorafleet.worker.engine import LLMEngine
 from lorafleet.worker.engine_registry import UpdateBody, error_reply
+from lorafleet.worker.kv_relay import KvRelay
 from lorafleet.worker.request_timing import RequestTiming
 
 __all__ = ["Endpoint", "EndpointAddress", "UpdateHandler"]
@@ -100,6 +104,9 @@ class Endpoint:
         self._update_token = update_token
         self.engine: LLMEngine | None = None
         self.update_handler: UpdateHandler | None = None
+        self.kv_relay: KvRelay | None = None
+        """The engine's block events' relay, which answers snapshot requests (None: the
+        engine reports no KV cache; the answer is then empty)."""
         self._subscription: Any = None
         self._inflight: dict[str, asyncio.Task[None]] = {}
         """The generate requests this instance is serving, by request id, from arrival until
@@ -170,8 +177,17 @@ class Endpoint:
                     task.cancel()
             case PingRequest(request_id=request_id):
                 await msg.respond(encode_msg(self._pong(request_id)))
+            case KvSnapshotRequest():
+                if msg.reply:
+                    await msg.respond(encode_msg(await self._kv_snapshot()))
             case UpdateRequest():
                 self._spawn(self._serve_update(message, msg))
+
+    async def _kv_snapshot(self) -> KvSnapshot:
+        """Every KV block this instance holds, as its events said (empty without a cache)."""
+        if self.kv_relay is None:
+            return KvSnapshot(instance_id=self.instance_id, seq=0)
+        return await self.kv_relay.snapshot()
 
     def _pong(self, request_id: str) -> UpdateReply:
         """Alive; 404 when asked about a request this instance is not running."""

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Generic, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -22,6 +22,7 @@ from msgspec import Meta
 from lorafleet.process.settings import AT_LEAST_ONE, NON_NEGATIVE, Settings, comma_list, setting
 from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig
 from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk
+from lorafleet.proto.kv_events import KvCacheSpec, KvEvent
 from lorafleet.proto.naming import lora_slug
 from lorafleet.worker.base_model_check import BaseModelCheck
 
@@ -29,12 +30,17 @@ __all__ = [
     "AdapterBackend",
     "EngineConfig",
     "EngineRoute",
+    "KvEventSink",
     "LLMEngine",
     "ModelEndpoint",
     "parse_engine_options",
 ]
 
 Body = TypeVar("Body", bound=msgspec.Struct)
+
+KvEventSink: TypeAlias = Callable[[KvEvent], None]
+"""Receives an engine's KV block events as its cache changes (the worker's relay,
+``worker.kv_relay``); called on the event loop, must not block."""
 
 
 def parse_engine_options(pairs: list[str]) -> dict[str, Any]:
@@ -135,7 +141,9 @@ class EngineConfig(Settings):
         "evenly; default 1), `add_adapter_delay_s`, `endpoint_ready_delay_s`, "
         "`fail_on_endpoint_ready`, `output_tokens`, `max_running` (requests generated at once; "
         "others queue), `name_version` (tokens name the adapter "
-        "version). hf: "
+        "version), `block_size` (16), `kv_cache_blocks` (2048; 0: no KV cache), "
+        "`prefill_time_per_token_s` (0.0001 per uncached prompt token; "
+        "[`docs/worker.md`](docs/worker.md)). hf: "
         "`max_batch_size`, `device`, `dtype`, `cpu_threads`. vllm: vLLM's engine arguments "
         "([`docs/vllm_engine.md`](docs/vllm_engine.md)).",
     )  # fmt: skip
@@ -216,6 +224,15 @@ class LLMEngine(abc.ABC):
     def track_request(self, model: str) -> contextlib.AbstractContextManager[None]:
         """Held while a request for ``model`` runs (adapter engines count usage for LRU)."""
         return contextlib.nullcontext()
+
+    def kv_cache_spec(self) -> KvCacheSpec | None:
+        """The engine's prefix cache as routers need it (on the ``Instance`` record); None:
+        it reports none, and routers remember where they sent prefixes instead."""
+        return None
+
+    def publish_kv_events(self, sink: KvEventSink) -> None:  # noqa: B027
+        """Send block events to ``sink`` from now on (engines whose ``kv_cache_spec`` says
+        ``events``); called once, before ``start``."""
 
     def supported_controls(self) -> dict[str, EngineRoute[Any]]:
         """Controls served under ``/engine/control/<name>``; none by default."""

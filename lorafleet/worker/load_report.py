@@ -1,4 +1,4 @@
-"""Keep this worker's ``InstanceLoad`` in etcd under its lease: slots, load, demand, failures.
+"""Keep this worker's ``InstanceLoad`` in etcd under its lease: slots, load, demand, cache hits.
 
 Placement on every worker and the frontends read these records. A change
 (a load, an unload, a request starting or ending, a failure) is written within
@@ -20,6 +20,7 @@ from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.errors import LorafleetError
 from lorafleet.proto.fleet_load import InstanceLoad, LoadFailure, encode_instance_load
+from lorafleet.worker import metrics
 from lorafleet.worker.lora_controller import LoraController
 
 __all__ = ["FailureSource", "LoadReport"]
@@ -89,6 +90,7 @@ class LoadReport:
         """The record as it stands now."""
         controller = self._controller
         evicts = controller.eviction_candidate() or ""
+        queries, hits = metrics.prefix_cache_totals()
         return InstanceLoad(
             base_model=controller.base_model,
             max_loras=controller.max_loras,
@@ -100,6 +102,8 @@ class LoadReport:
             evicts=evicts,
             evicted=controller.evicted(),
             evicts_placed=controller.is_placed(evicts),
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
         )
 
     async def write_now(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 
 import structlog
 
+from lorafleet.fleet.kv_blocks import version_key
 from lorafleet.proto.adapters import (
     ListLorasRequest,
     LoadLoraRequest,
@@ -164,6 +165,15 @@ class LoraController:
         record = self.records.get(model)
         version = record.serving if record is not None else None
         return version.key if version is not None else None
+
+    def kv_version(self, key: str) -> str:
+        """The fleet's name of the version the engine holds under ``key`` (its KV blocks'
+        ``fleet.kv_blocks.version_key``); ``key`` itself for a key no record holds."""
+        for record in self.records.values():
+            for version in record.versions:
+                if version.key == key:
+                    return version_key(version.name, version.digest)
+        return key
 
     @property
     def base_model(self) -> str:

@@ -25,9 +25,13 @@ __all__ = [
     "GENERATED_TOKENS",
     "GENERATION_TOKENS",
     "INFLIGHT_REQUESTS",
+    "KV_CACHE_BLOCKS",
+    "KV_EVENTS_DROPPED",
     "LOADED_ADAPTERS",
     "LORA_REQUESTS_INFO",
     "LORA_SLOTS",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
     "PROMPT_TOKENS",
     "QUEUE_SECONDS",
     "REQUESTS",
@@ -35,7 +39,10 @@ __all__ = [
     "REQUEST_SUCCESS",
     "TIME_PER_OUTPUT_TOKEN_SECONDS",
     "TTFT_SECONDS",
+    "observe_kv_blocks",
     "observe_lora_state",
+    "observe_prefix_cache",
+    "prefix_cache_totals",
 ]
 
 REQUEST_LABELS: Final = ("model_name", "lora_name")
@@ -84,6 +91,20 @@ QUEUE_SECONDS = Histogram(
     "vllm:request_queue_time_seconds", "Time a request waited before the engine ran it",
     REQUEST_LABELS, buckets=LATENCY_BUCKETS_S,
 )  # fmt: skip
+PREFIX_CACHE_QUERIES = Counter(
+    "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", REQUEST_LABELS
+)
+PREFIX_CACHE_HITS = Counter(
+    "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", REQUEST_LABELS
+)
+KV_CACHE_BLOCKS = Gauge(
+    "lorafleet_kv_cache_blocks", "KV cache blocks held, per model version (as the events say)",
+    [*REQUEST_LABELS, "version"],
+)  # fmt: skip
+KV_EVENTS_DROPPED = Counter(
+    "lorafleet_worker_kv_events_dropped", "KV block events not published, by reason",
+    ["reason"],
+)  # fmt: skip
 LORA_REQUESTS_INFO = Gauge(
     "vllm:lora_requests_info",
     "Adapter slots and the adapters loaded now; the value is when this was last set",
@@ -124,3 +145,30 @@ def observe_lora_state(model_name: str, max_loras: int, running: list[str]) -> N
     LORA_REQUESTS_INFO.labels(str(max_loras), "", ",".join(sorted(running))).set(time.time())
     LOADED_ADAPTERS.labels(model_name).set(len(running))
     LORA_SLOTS.labels(model_name).set(max_loras)
+
+
+def observe_prefix_cache(model_name: str, lora_name: str, queries: int, hits: int) -> None:
+    """Count one prompt's tokens looked up in the prefix cache and those found (vLLM's)."""
+    PREFIX_CACHE_QUERIES.labels(model_name, lora_name).inc(queries)
+    PREFIX_CACHE_HITS.labels(model_name, lora_name).inc(hits)
+
+
+def prefix_cache_totals() -> tuple[int, int]:
+    """Prompt tokens looked up and found in the prefix cache since start, all models
+    together (the load record's ``prefix_cache_queries`` and ``prefix_cache_hits``)."""
+    return _total(PREFIX_CACHE_QUERIES), _total(PREFIX_CACHE_HITS)
+
+
+def _total(counter: Counter) -> int:
+    return int(
+        sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+    )
+
+
+def observe_kv_blocks(model_name: str, blocks: dict[str, int]) -> None:
+    """Set the blocks-held gauge to ``blocks`` (by version: ``name@digest``, or the base
+    model's name)."""
+    KV_CACHE_BLOCKS.clear()
+    for version, count in blocks.items():
+        lora_name = "" if version == model_name else version.partition("@")[0]
+        KV_CACHE_BLOCKS.labels(model_name, lora_name, version).set(count)

@@ -4,7 +4,8 @@ Start-up is ``WorkerRuntime._start``, one step a line, each fatal: 1. NATS, etcd
 (each waited for up to the connect timeout; so are steps 7 and 8, which talk to etcd);
 2. subscription confirmed at the server;
 3. adapter sources and cache, when LoRA is on (else the LoRA routes say which switch is
-missing); 4. status server and its routes; 5. engine start and ``on_endpoint_ready``
+missing); 4. status server and its routes; 5. the KV events relay (an engine that
+reports its cache), engine start and ``on_endpoint_ready``
 exactly once (an adapter engine binds its LoRA controller to the endpoint there);
 6. engine routes registered, updates over NATS open; 7. instance record and base card
 put; 8. placement follows the fleet's desired state (LoRA on). What a step opens is
@@ -29,7 +30,7 @@ import structlog
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.connect import wait_for_etcd, wait_for_nats
-from lorafleet.discovery.keys import instance_key, load_key
+from lorafleet.discovery.keys import instance_key, kv_events_subject, load_key
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from lorafleet.discovery.nats_settings import NatsSettings
@@ -42,6 +43,7 @@ from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import LLMEngine
 from lorafleet.worker.engine_registry import EngineRegistry
 from lorafleet.worker.engines import create_engine
+from lorafleet.worker.kv_relay import KvRelay
 from lorafleet.worker.lora_routes import LORA_PATHS, lora_missing, lora_routes
 from lorafleet.worker.placement import Placement
 from lorafleet.worker.status_server import StatusServer, StatusState, WorkerPhase, build_status_app
@@ -116,6 +118,7 @@ class WorkerRuntime:
         )  # fmt: skip
         self._enable_adapters(stack)
         await self._start_status_server(status, stack)
+        await self._relay_kv_events(nats, endpoint, stack)
         await self._start_engine(endpoint)
         self._open_updates(status, endpoint)
         await self._until_etcd_answers(lambda: self._publish(lease, endpoint))
@@ -186,6 +189,21 @@ class WorkerRuntime:
         await server.start()
         stack.push_async_callback(server.aclose)
 
+    async def _relay_kv_events(
+        self, nats: NatsConnection, endpoint: Endpoint, stack: contextlib.AsyncExitStack
+    ) -> None:
+        """Relay the engine's KV block events to the fleet, when it reports them."""
+        spec = self.engine.kv_cache_spec()
+        if spec is None or not spec.events:
+            return
+        relay = KvRelay.start(
+            nats.client, subject=kv_events_subject(self.config.namespace),
+            instance_id=endpoint.instance_id, model_name=self.engine.config.model_name,
+        )  # fmt: skip
+        stack.push_async_callback(relay.aclose)
+        self.engine.publish_kv_events(relay.add)
+        endpoint.kv_relay = relay
+
     async def _start_engine(self, endpoint: Endpoint) -> None:
         await self.engine.start()
         endpoint.engine = self.engine
@@ -202,7 +220,7 @@ class WorkerRuntime:
             namespace=cfg.namespace, component=cfg.component, endpoint=cfg.endpoint,
             instance_id=address.instance_id, subject=address.subject,
             system_url=cfg.system_url, engine=cfg.engine, host=socket.gethostname(),
-            pid=os.getpid(), started_at=time.time(),
+            pid=os.getpid(), started_at=time.time(), kv_cache=self.engine.kv_cache_spec(),
         )  # fmt: skip
         key = instance_key(cfg.namespace, cfg.component, cfg.endpoint, address.instance_id)
         await lease.put(key, encode_record(instance))

@@ -21,6 +21,7 @@ from lorafleet.launch.demo_model import (
     DemoModelPaths,
     ensure_demo_model,
 )
+from lorafleet.proto.kv_events import KvEvent
 from lorafleet.proto.naming import lora_id
 from lorafleet.worker.engine import EngineConfig
 
@@ -53,11 +54,33 @@ async def demo() -> DemoModelPaths:
     return await asyncio.to_thread(ensure_demo_model)
 
 
-async def started_engine(demo: DemoModelPaths, **options: Any) -> Any:
-    """A started vllm engine with the pirate and robot adapters loaded."""
+class KvEventLog:
+    """The KV events an engine relayed, and a wait for the ones a test expects."""
+
+    def __init__(self) -> None:
+        self.events: list[KvEvent] = []
+        self._arrived = asyncio.Event()
+
+    def add(self, event: KvEvent) -> None:
+        self.events.append(event)
+        self._arrived.set()
+
+    async def arrived(self) -> None:
+        """Return once another event came."""
+        self._arrived.clear()
+        await self._arrived.wait()
+
+
+async def started_engine(
+    demo: DemoModelPaths, kv_events: KvEventLog | None = None, **options: Any
+) -> Any:
+    """A started vllm engine with the pirate and robot adapters loaded (relaying its KV
+    events to ``kv_events``, if given)."""
     from lorafleet.worker.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(vllm_config(demo, **options))
+    if kv_events is not None:
+        engine.publish_kv_events(kv_events.add)
     await engine.start()
     for name in ADAPTER_NAMES:
         await engine.add_adapter(name, lora_id(name), demo.adapters[name])
@@ -65,8 +88,14 @@ async def started_engine(demo: DemoModelPaths, **options: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-async def engine(demo: DemoModelPaths) -> AsyncIterator[Any]:
+def kv_events() -> KvEventLog:
+    """The KV events the session's engine relays."""
+    return KvEventLog()
+
+
+@pytest.fixture(scope="session")
+async def engine(demo: DemoModelPaths, kv_events: KvEventLog) -> AsyncIterator[Any]:
     """One vllm engine for the whole session (start-up takes 20 to 60 s on 2 cores)."""
-    engine = await started_engine(demo)
+    engine = await started_engine(demo, kv_events)
     yield engine
     await engine.stop()

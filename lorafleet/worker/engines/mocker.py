@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from lorafleet.fleet.kv_blocks import version_key
 from lorafleet.proto.errors import InvalidRequestError, UpstreamError
 from lorafleet.proto.inference import (
     FinalChunk,
@@ -29,10 +30,12 @@ from lorafleet.proto.inference import (
     TopLogprob,
     Usage,
 )
+from lorafleet.proto.kv_events import KvCacheSpec
 from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
-from lorafleet.worker.engine import EngineConfig, ModelEndpoint
+from lorafleet.worker.engine import EngineConfig, KvEventSink, ModelEndpoint
 from lorafleet.worker.engines._adapter_table import AdapterTable
+from lorafleet.worker.engines._mocker_prefill import MockerPrefill, prompt_tokens
 
 __all__ = ["MockAdapter", "MockerEngine", "MockerOptions"]
 
@@ -51,6 +54,7 @@ class MockerOptions:
         MockerOptions(fail_add_adapter="broken.*")       # adding matching adapters fails
         MockerOptions(fail_generate="bot-v2", fail_generate_share=0.3)  # 3 of 10 requests fail
         MockerOptions(time_per_token_s=0.02, max_running=2)  # a queue past 2 requests
+        MockerOptions(kv_cache_blocks=0, prefill_time_per_token_s=0)  # no cache, no prefill
     """
 
     time_per_token_s: float = 0.0
@@ -71,6 +75,14 @@ class MockerOptions:
     name_version: bool = False
     """An adapter's tokens name the version that answers (``name@<12 hex of its digest>``)
     instead of the adapter: ``bench.rollout`` tells old from new weights in a swap by it."""
+    block_size: int = 16
+    """Tokens (prompt words) per KV cache block."""
+    kv_cache_blocks: int = 2048
+    """Blocks the paged KV cache holds (0: no cache, no block events); idle blocks are
+    evicted least recently used first."""
+    prefill_time_per_token_s: float = 0.0001
+    """Seconds of prefill per prompt token not found in the cache, one prefill at a time:
+    a 2,000-word prompt waits 0.2 s for its first token unless its blocks are cached."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> MockerOptions:
@@ -85,6 +97,8 @@ class MockAdapter:
 
     key: str
     lora_id: int
+    version: str
+    """Its blocks' version (``fleet.kv_blocks.version_key``: name and full digest)."""
 
 
 class MockerEngine(AdapterEngine):
@@ -104,6 +118,19 @@ class MockerEngine(AdapterEngine):
         self._running = (
             asyncio.Semaphore(self.options.max_running) if self.options.max_running else None
         )
+        self.prefill = MockerPrefill(
+            model_name=self.config.model_name, block_size=self.options.block_size,
+            num_blocks=self.options.kv_cache_blocks,
+            time_per_token_s=self.options.prefill_time_per_token_s,
+        )  # fmt: skip
+
+    def kv_cache_spec(self) -> KvCacheSpec | None:
+        """The paged cache's shape (None when ``kv_cache_blocks`` is 0)."""
+        return self.prefill.spec()
+
+    def publish_kv_events(self, sink: KvEventSink) -> None:
+        """Send the cache's block events to ``sink`` (the worker's relay)."""
+        self.prefill.publish_to(sink)
 
     async def on_endpoint_ready(self, endpoint: ModelEndpoint) -> None:
         """Keep the endpoint; optionally wait or fail, as a slow or broken engine would."""
@@ -131,6 +158,7 @@ class MockerEngine(AdapterEngine):
             )
         handle = self.resolve(request.model, self.adapters.handles)
         key = request.model if handle is None else handle.key
+        version = version_key(request.model) if handle is None else handle.version
         self._maybe_fail(request.model)
         answering = key if self.options.name_version else request.model
         adapter = "" if request.model == self.config.model_name else request.model
@@ -138,8 +166,11 @@ class MockerEngine(AdapterEngine):
         async with self._running or contextlib.nullcontext():
             queued_s = time.perf_counter() - queued_at
             metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(queued_s)
-            async for chunk in self._tokens(request, key, answering):
-                yield chunk
+            async with self.prefill.run(request, version=version, lora_name=adapter) as answer:
+                async for chunk in self._tokens(request, key, answering):
+                    if isinstance(chunk, TokenChunk):
+                        answer.append(chunk.text)
+                    yield chunk
 
     async def _tokens(
         self, request: GenerateRequest, key: str, answering: str
@@ -160,7 +191,7 @@ class MockerEngine(AdapterEngine):
         finish: FinishReason = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
-            usage=Usage(prompt_tokens=_prompt_words(request), completion_tokens=budget),
+            usage=Usage(prompt_tokens=len(prompt_tokens(request)), completion_tokens=budget),
         )
 
     def _maybe_fail(self, model: str) -> None:
@@ -185,14 +216,17 @@ class MockerEngine(AdapterEngine):
         await asyncio.sleep(self.options.add_adapter_delay_s)
         if _matches(self.options.fail_add_adapter, name):
             raise UpstreamError(f"mocker: adding adapter {_name(name)!r} failed as configured")
-        self.adapters.handles[name] = MockAdapter(key=name, lora_id=lora_id)
+        version = self.kv_version(name)
+        self.adapters.handles[name] = MockAdapter(key=name, lora_id=lora_id, version=version)
 
     async def remove_adapter(self, name: str) -> None:
         """Stop serving ``name``; the requests still running on it end at their next token."""
         if _matches(self.options.fail_remove_adapter, name):
             raise UpstreamError(f"mocker: removing adapter {_name(name)!r} failed as configured")
-        del self.adapters.handles[name]
+        handle = self.adapters.handles.pop(name)
         self.adapters.cut(name)
+        if self.prefill.cache is not None:
+            self.prefill.cache.clear(handle.version)
 
 
 def _name(key: str) -> str:
@@ -212,9 +246,3 @@ def _logprobs(text: str, top: int | None) -> list[TokenLogprob]:
     others = [TopLogprob(token=f"<alt{rank}>", logprob=UNLIKELY_LOGPROB) for rank in range(1, top)]
     alternatives = [TopLogprob(token=text, logprob=0.0), *others][:top]
     return [TokenLogprob(token=text, logprob=0.0, top=alternatives)]
-
-
-def _prompt_words(request: GenerateRequest) -> int:
-    if request.messages is not None:
-        return sum(len(message.content.split()) for message in request.messages)
-    return len((request.prompt or "").split())

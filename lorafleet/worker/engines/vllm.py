@@ -23,6 +23,8 @@ import contextlib
 import dataclasses
 import inspect
 import itertools
+import os
+import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -32,6 +34,8 @@ import msgspec
 import structlog
 
 from lorafleet.fleet.adapter_files import check_adapter_rank
+from lorafleet.fleet.kv_blocks import version_key
+from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.discovery import ModelDeploymentCard
 from lorafleet.proto.errors import (
     InvalidRequestError,
@@ -40,14 +44,17 @@ from lorafleet.proto.errors import (
     UpstreamError,
 )
 from lorafleet.proto.inference import FinalChunk, GenerateRequest, TokenChunk, TokenLogprob, Usage
+from lorafleet.proto.kv_events import KvCacheSpec
+from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
-from lorafleet.worker.engine import EngineConfig
+from lorafleet.worker.engine import EngineConfig, KvEventSink
 from lorafleet.worker.engines._adapter_table import AdapterTable
 from lorafleet.worker.engines._batch_groups import BatchGroupGate
 from lorafleet.worker.engines._vllm_base_rows import (
     MASKING_EXTENSION,
     base_rows_plan,
 )
+from lorafleet.worker.engines._vllm_kv_events import KV_TOPIC, VllmKvEvents, follow_zmq
 from lorafleet.worker.engines._vllm_settings import (
     engine_kwargs,
     finish_reason,
@@ -79,14 +86,15 @@ def _vllm_platform() -> tuple[bool, str]:
     return bool(current_platform.is_cpu()), str(__version__)
 
 
-def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any]) -> None:
+def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any], kv_endpoint: str | None) -> None:
     """Import vLLM and start its async engine into ``out`` (blocking: run it in a thread).
 
     Options that are no ``AsyncEngineArgs`` field (another engine's) are dropped
     with a warning, since every engine receives the same worker options. The
     engine travels in ``out``, not as the thread's result: the executor's future
     would keep it alive past ``stop`` until interpreter exit, where vLLM's
-    ``__del__`` fails noisily.
+    ``__del__`` fails noisily. With ``kv_endpoint``, vLLM publishes its KV events there
+    (ZMQ; its publisher binds an ``ipc://`` endpoint).
     """
     from vllm import AsyncEngineArgs, AsyncLLMEngine
 
@@ -94,7 +102,14 @@ def _build_vllm_engine(kwargs: dict[str, Any], out: list[Any]) -> None:
     ignored = sorted(set(kwargs) - known)
     if ignored:
         log.warning("vllm.options_ignored", options=ignored)
-    args = AsyncEngineArgs(**{key: value for key, value in kwargs.items() if key in known})
+    chosen = {key: value for key, value in kwargs.items() if key in known}
+    if kv_endpoint is not None:
+        from vllm.config import KVEventsConfig
+
+        chosen["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
+        )
+    args = AsyncEngineArgs(**chosen)
     out.append(AsyncLLMEngine.from_engine_args(args))
 
 
@@ -122,6 +137,36 @@ class VLLMEngine(AdapterEngine):
         self._ids = itertools.count()
         self.startup_s: float | None = None
         """Seconds :meth:`start` took: importing vLLM, spawning it, loading weights."""
+        self._kv_sink: KvEventSink | None = None
+        self._kv_events: VllmKvEvents | None = None
+        self._kv_task: asyncio.Task[None] | None = None
+
+    def kv_cache_spec(self) -> KvCacheSpec | None:
+        """vLLM's prefix cache (None if ``enable_prefix_caching`` is off): its block size,
+        and its number of blocks once started; requests are tokenized with the model's own
+        tokenizer and chat template."""
+        if self._kwargs.get("enable_prefix_caching", True) is False:
+            return None
+        cache = self._llm.vllm_config.cache_config if self._llm is not None else None
+        return KvCacheSpec(
+            block_size=int(cache.block_size if cache else self._kwargs.get("block_size", 16)),
+            num_blocks=int(cache.num_gpu_blocks or 0) if cache else 0,
+            tokenizer="hf", tokenizer_path=self.config.model,
+        )  # fmt: skip
+
+    def publish_kv_events(self, sink: KvEventSink) -> None:
+        """Relay vLLM's KV events, re-hashed into the fleet's chain, to ``sink``."""
+        self._kv_sink = sink
+
+    def version_of_lora(self, lora_id: int | None, lora_name: str | None) -> str | None:
+        """The fleet version of vLLM's ``lora_id``/``lora_name`` (its ``LoRARequest``'s,
+        whose name is our engine key); the base model's for none, None if not held."""
+        if not lora_id and not lora_name:
+            return version_key(self.config.model_name)
+        for key, request in self._table.handles.items():
+            if key == lora_name or request.lora_int_id == lora_id:
+                return self.kv_version(key)
+        return None
 
     async def start(self) -> None:
         """Start vLLM (in a thread: importing and spawning its processes takes seconds)."""
@@ -130,9 +175,10 @@ class VLLMEngine(AdapterEngine):
         plan = base_rows_plan(self.config.options, lora=self.config.enable_lora, cpu=cpu,
                               vllm_version=version)  # fmt: skip
         kwargs = self._kwargs | ({"worker_extension_cls": MASKING_EXTENSION} if plan.mask else {})
+        kv_endpoint = self._follow_kv_events()
         built: list[Any] = []
         try:
-            await asyncio.to_thread(_build_vllm_engine, kwargs, built)
+            await asyncio.to_thread(_build_vllm_engine, kwargs, built, kv_endpoint)
         except Exception as exc:
             raise UpstreamError(f"vLLM failed to start for {self.config.model}: {exc}") from exc
         self._llm = built.pop()
@@ -145,6 +191,17 @@ class VLLMEngine(AdapterEngine):
         log.info("vllm.started", model=self.config.model, startup_s=round(self.startup_s, 2),
                  vllm=version, mask_base_rows=self.masks_base_rows,
                  isolate_base_rows=self.isolates_base_rows)  # fmt: skip
+
+    def _follow_kv_events(self) -> str | None:
+        """Subscribe to vLLM's KV events before it starts (a relay is attached and prefix
+        caching is on); the ``ipc://`` endpoint vLLM is to publish on."""
+        if self._kv_sink is None or self.kv_cache_spec() is None:
+            return None
+        endpoint = f"ipc://{tempfile.gettempdir()}/lorafleet-kv-{os.getpid()}-{id(self):x}"
+        self._kv_events = VllmKvEvents(version_of=self.version_of_lora, sink=self._kv_sink)
+        self._kv_task = asyncio.create_task(follow_zmq(endpoint, self._kv_events),
+                                            name="vllm-kv-events")  # fmt: skip
+        return endpoint
 
     async def _masking_holds(self) -> bool:
         """Whether every vLLM worker process runs the masked CPU LoRA ops, everywhere."""
@@ -219,6 +276,8 @@ class VLLMEngine(AdapterEngine):
             except Exception as exc:
                 self._table.handles[name] = request
                 raise UpstreamError(f"vLLM failed to remove adapter {name!r}: {exc}") from exc
+            if self._kv_events is not None:
+                self._kv_events.clear(self.kv_version(name))
         log.info("vllm.adapter_removed", adapter=name, lora_id=request.lora_int_id)
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
@@ -257,10 +316,13 @@ class VLLMEngine(AdapterEngine):
         async with self._table.tracked(key, request_id), admit:
             # A continuation resumes after its tokens; vLLM's detokenizer reads the prompt's
             # last tokens as context, so the first new token decodes as it would have.
-            tokens = {"prompt_token_ids": prompt_ids + request.generated_ids}
+            tokens: dict[str, Any] = {"prompt_token_ids": prompt_ids + request.generated_ids}
+            if request.cache_salt:
+                tokens["cache_salt"] = request.cache_salt
             stream = self._llm.generate(tokens, params, request_id, lora_request=lora)
             top = request.sampling.logprobs or 0
-            chunks = self._chunks(stream, request_id, top, len(prompt_ids))
+            adapter = "" if lora is None else request.model
+            chunks = self._chunks(stream, request_id, top, len(prompt_ids), adapter)
             async for chunk in self._unless_cut(chunks, key, request_id, request.request_id):
                 if isinstance(chunk, FinalChunk):
                     final = chunk  # yielded after leaving the gate: vLLM is done with it
@@ -293,14 +355,22 @@ class VLLMEngine(AdapterEngine):
         return min(request.sampling.max_tokens, room) <= 0
 
     async def _chunks(
-        self, stream: Any, request_id: str, top_logprobs: int, prompt_tokens: int
+        self, stream: Any, request_id: str, top_logprobs: int, prompt_tokens: int, adapter: str
     ) -> AsyncGenerator[TokenChunk | FinalChunk, None]:
-        """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away."""
+        """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away.
+        The first output's ``num_cached_tokens`` counts the prefix-cache hit (``adapter``:
+        its ``lora_name`` label)."""
         completion_tokens, reason = 0, None
         held_ids: list[int] = []  # ids whose text vLLM has not released yet
         held_logprobs: list[TokenLogprob] = []
+        counted = False
         try:
             async for output in stream:
+                if not counted:
+                    cached = int(getattr(output, "num_cached_tokens", None) or 0)
+                    metrics.observe_prefix_cache(self.config.model_name, adapter,
+                                                 prompt_tokens, cached)  # fmt: skip
+                    counted = True
                 delta = output.outputs[0]
                 completion_tokens += len(delta.token_ids)
                 held_ids += list(delta.token_ids)
@@ -328,6 +398,8 @@ class VLLMEngine(AdapterEngine):
 
     async def stop(self) -> None:
         """Shut vLLM's processes down (its output task first, so it logs no false alarm)."""
+        if self._kv_task is not None:
+            await cancel_and_wait(self._kv_task)
         if self._llm is None:
             return
         handler = getattr(self._llm, "output_handler", None)
