@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from lorafleet.fleet.kv_blocks import HASH_BYTES, block_hashes, words_tokens
 from lorafleet.proto.inference import GenerateRequest
@@ -19,7 +20,7 @@ from lorafleet.worker import metrics
 from lorafleet.worker.engine import KvEventSink
 from lorafleet.worker.engines._kv_cache import KvCache
 
-__all__ = ["MockerPrefill", "prompt_tokens"]
+__all__ = ["MockerPrefill", "PrefillAnswer", "prompt_tokens"]
 
 
 def prompt_tokens(request: GenerateRequest) -> list[int]:
@@ -27,6 +28,16 @@ def prompt_tokens(request: GenerateRequest) -> list[int]:
     if request.messages is not None:
         return words_tokens(message.content for message in request.messages)
     return words_tokens([request.prompt or ""])
+
+
+@dataclass
+class PrefillAnswer:
+    """What one prefill tells its request: its prompt's tokens, those found cached (None:
+    no cache), and the answer's text as it is generated (cached after the prompt)."""
+
+    prompt_tokens: int
+    cached_tokens: int | None
+    text: list[str] = field(default_factory=list)
 
 
 def _ignore(_: KvEvent) -> None:
@@ -41,7 +52,7 @@ class MockerPrefill:
         prefill = MockerPrefill(model_name="demo", block_size=16, num_blocks=2048,
                                 time_per_token_s=0.0001)
         async with prefill.run(request, version="pirate@sha256:0a1b", lora_name="pirate") as out:
-            out.append("pirate:0 ")                     # the answer's text, cached at the end
+            out.text.append("pirate:0 ")                # the answer's text, cached at the end
     """
 
     def __init__(
@@ -74,14 +85,14 @@ class MockerPrefill:
     @contextlib.asynccontextmanager
     async def run(
         self, request: GenerateRequest, *, version: str, lora_name: str
-    ) -> AsyncIterator[list[str]]:
+    ) -> AsyncIterator[PrefillAnswer]:
         """Prefill ``request`` (its blocks pinned until the block ends), then collect its
         answer's text; a complete first answer's blocks are cached after its prompt's."""
         tokens, cache = prompt_tokens(request), self.cache
         if cache is None:
             metrics.observe_prefix_cache(self._model_name, lora_name, len(tokens), 0)
             await self._prefill(len(tokens))
-            yield []
+            yield PrefillAnswer(prompt_tokens=len(tokens), cached_tokens=None)
             return
         hashes = block_hashes(tokens, cache.block_size, version, request.cache_salt)
         held = cache.hold(version, hashes)
@@ -89,10 +100,10 @@ class MockerPrefill:
         metrics.observe_prefix_cache(self._model_name, lora_name, len(tokens), hit_tokens)
         try:
             await self._prefill(len(tokens) - hit_tokens)
-            answer: list[str] = []
+            answer = PrefillAnswer(prompt_tokens=len(tokens), cached_tokens=hit_tokens)
             yield answer
             if not request.generated_ids:  # a continuation's earlier tokens have no text here
-                tail = [*tokens[len(hashes) * cache.block_size :], *words_tokens(answer)]
+                tail = [*tokens[len(hashes) * cache.block_size :], *words_tokens(answer.text)]
                 self._store_after(cache, version, request.cache_salt, hashes, tail)
         finally:
             cache.release(held.pinned)

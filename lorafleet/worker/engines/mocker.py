@@ -35,7 +35,7 @@ from lorafleet.worker import metrics
 from lorafleet.worker.adapter_engine import AdapterEngine
 from lorafleet.worker.engine import EngineConfig, KvEventSink, ModelEndpoint
 from lorafleet.worker.engines._adapter_table import AdapterTable
-from lorafleet.worker.engines._mocker_prefill import MockerPrefill, prompt_tokens
+from lorafleet.worker.engines._mocker_prefill import MockerPrefill, PrefillAnswer
 
 __all__ = ["MockAdapter", "MockerEngine", "MockerOptions"]
 
@@ -167,16 +167,17 @@ class MockerEngine(AdapterEngine):
             queued_s = time.perf_counter() - queued_at
             metrics.QUEUE_SECONDS.labels(self.config.model_name, adapter).observe(queued_s)
             async with self.prefill.run(request, version=version, lora_name=adapter) as answer:
-                async for chunk in self._tokens(request, key, answering):
+                async for chunk in self._tokens(request, key, answering, answer):
                     if isinstance(chunk, TokenChunk):
-                        answer.append(chunk.text)
+                        answer.text.append(chunk.text)
                     yield chunk
 
     async def _tokens(
-        self, request: GenerateRequest, key: str, answering: str
+        self, request: GenerateRequest, key: str, answering: str, prefill: PrefillAnswer
     ) -> AsyncIterator[TokenChunk | FinalChunk]:
         """The answer's synthetic tokens, one per ``time_per_token_s``, then its final chunk;
-        ``key``: the adapter version it runs on (or the base model)."""
+        ``key``: the adapter version it runs on (or the base model); ``prefill``: its prompt
+        and cached tokens."""
         start = len(request.generated_ids)
         budget = max(0, min(request.sampling.max_tokens, self._natural_length(request) - start))
         run_id = f"{request.request_id}-{next(self._ids)}"
@@ -191,7 +192,11 @@ class MockerEngine(AdapterEngine):
         finish: FinishReason = "length" if budget == request.sampling.max_tokens else "stop"
         yield FinalChunk(
             finish_reason=finish,
-            usage=Usage(prompt_tokens=len(prompt_tokens(request)), completion_tokens=budget),
+            usage=Usage(
+                prompt_tokens=prefill.prompt_tokens,
+                completion_tokens=budget,
+                cached_tokens=prefill.cached_tokens,
+            ),
         )
 
     def _maybe_fail(self, model: str) -> None:
