@@ -322,24 +322,38 @@ def test_images_commands_and_variables_are_composes(overlay: str) -> None:
             assert env_of(container)["NATS_SERVER"] == "nats://nats:4222"
 
 
-def test_dev_declares_composes_adapters_with_composes_commands() -> None:
+def declared_adapters(overlay: str) -> dict[str, list[str]]:
+    """The adapters.txt lines of the overlay's adapters ConfigMap, by adapter name."""
+    lines = named_configmap(overlay, "lorafleet-adapters")["adapters.txt"].splitlines()
+    return {line.split()[0]: line.split() for line in lines if line and not line.startswith("#")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_declared_adapters_name_a_base_the_workers_serve(overlay: str) -> None:
+    """Placement puts an adapter only on workers serving its base model (by served name)."""
+    served = {env_of(w)["DYN_SERVED_MODEL_NAME"] for w in worker_containers(overlay)}
+    declared = declared_adapters(overlay)
+    assert declared, overlay
+    for name, (_, uri, *flags) in declared.items():
+        assert re.fullmatch(r"(file|s3)://\S+", uri), name
+        assert flags[flags.index("--base-model") + 1] in served, name
+    apply = " ".join(containers(named(overlay, "Job", "lorafleet-adapters"))[0]["command"])
+    adapters_job = " ".join(compose_services()["adapters"]["command"])
+    for words in ("lorafleet lora apply", "--frontend http://frontend:8000"):
+        assert words in apply and words in adapters_job, words
+
+
+def test_dev_workers_build_composes_demo_adapters() -> None:
     adapters_job = " ".join(compose_services()["adapters"]["command"])
     build = containers(named("dev", "Deployment", "worker-mocker"))[0]
     assert build["image"] == compose_services()["adapters"]["image"]
-    assert " ".join(build["command"]) in adapters_job.replace(
-        "/data/adapters/.demo.tmp", "/data/adapters/demo"
+    built_into = " ".join(build["command"]).replace(
+        "/data/adapters/demo", "/data/adapters/.demo.tmp"
     )
-    apply = " ".join(containers(named("dev", "Job", "lorafleet-adapters"))[0]["command"])
-    assert "lorafleet lora apply" in apply and "--frontend http://frontend:8000" in adapters_job
-    assert "--frontend http://frontend:8000" in apply
-    lines = named_configmap("dev", "lorafleet-adapters")["adapters.txt"].splitlines()
-    declared = {
-        line.split()[0]: line.split() for line in lines if line and not line.startswith("#")
-    }
-    assert set(declared) == {"pirate", "robot"}
-    for name, (_, uri, *flags) in declared.items():
+    assert built_into in adapters_job
+    for name, (_, uri, *flags) in declared_adapters("dev").items():
         assert uri == f"file:///data/adapters/demo/adapters/{name}"
-        assert " ".join(flags) in adapters_job
+        assert "--replicas all" in " ".join(flags) and "--replicas all" in adapters_job
 
 
 def named_configmap(overlay: str, prefix: str) -> dict[str, str]:
