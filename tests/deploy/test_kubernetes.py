@@ -155,6 +155,22 @@ def test_every_long_running_container_probes_its_health_route(overlay: str) -> N
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_variable_reference_names_a_variable_set_before_it(overlay: str) -> None:
+    """The kubelet expands ``$(NAME)`` only from variables listed earlier in ``env``;
+    anything else stays literal (etcd would advertise ``https://$(POD_NAME).etcd:2379``)."""
+    for workload in pods(overlay):
+        for container in containers(workload):
+            defined: set[str] = set()
+            for variable in container.get("env", []):
+                for name in re.findall(r"\$\((\w+)\)", variable.get("value", "")):
+                    assert name in defined, (workload["metadata"]["name"], variable["name"], name)
+                defined.add(variable["name"])
+            for word in container.get("command", []) + container.get("args", []):
+                for name in re.findall(r"\$\((\w+)\)", word):
+                    assert name in defined, (workload["metadata"]["name"], word)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_has_requests_and_limits(overlay: str) -> None:
     for workload in pods(overlay):
         for container in containers(workload):
@@ -372,8 +388,10 @@ def test_prod_runs_etcd_with_tls_and_auth() -> None:
     assert env["ETCD_INITIAL_CLUSTER"].split(",") == [f"{m}=https://{m}.etcd:2380" for m in members]
     assert env["ETCD_LISTEN_CLIENT_URLS"].startswith("https://")
     assert env["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
-    for name in ("ETCD_CERT_FILE", "ETCD_KEY_FILE", "ETCD_TRUSTED_CA_FILE"):
+    for name in ("ETCD_CERT_FILE", "ETCD_KEY_FILE", "ETCD_PEER_TRUSTED_CA_FILE"):
         assert env[name].startswith("/etc/etcd/tls/")
+    # Clients log in with passwords: a client CA would make etcd demand their certificates.
+    assert "ETCD_TRUSTED_CA_FILE" not in env and "ETCD_CLIENT_CERT_AUTH" not in env
     endpoints = ",".join(f"https://{m}.etcd:2379" for m in members)
     job = containers(named("prod", "Job", "etcd-auth"))[0]
     assert job["image"] == "lorafleet:etcd-auth" and env_of(job)["ETCD_ENDPOINTS"] == endpoints
