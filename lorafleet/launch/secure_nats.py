@@ -26,7 +26,7 @@ __all__ = [
     "start_secure_nats",
 ]
 
-NATS_AUTH_CONF: Final = Path(__file__).resolve().parents[1] / "deploy" / "nats" / "auth.conf"
+NATS_AUTH_CONF: Final = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "auth.conf"
 NATS_ROLES: Final = ("admin", "frontend", "worker")
 """The users of ``auth.conf``: each role's subject permissions are documented there."""
 _PASSWORD_BYTES: Final = 32
