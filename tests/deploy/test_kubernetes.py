@@ -297,6 +297,17 @@ def test_only_the_frontends_port_is_open_to_everyone(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_stateful_set_has_its_headless_service(overlay: str) -> None:
+    """A member's name (etcd-0.etcd) resolves only through the Service its set names."""
+    for workload in pods(overlay, ("StatefulSet",)):
+        service = named(overlay, "Service", workload["spec"]["serviceName"])["spec"]
+        assert service["clusterIP"] == "None", workload["metadata"]["name"]
+        assert selects(
+            {"matchLabels": service["selector"]}, workload["spec"]["template"]["metadata"]["labels"]
+        )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_tokens_come_from_secrets_and_metrics_are_scraped(overlay: str) -> None:
     for workload in pods(overlay):
         annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
