@@ -428,6 +428,8 @@ def test_prod_runs_a_nats_cluster_with_the_shipped_users() -> None:
     assert auth == (REPO / "deploy" / "nats" / "auth.conf").read_text()
     for variable in re.findall(r"\$(LORAFLEET_NATS_\w+)", auth):
         assert variable in env_of(nats), variable  # every variable auth.conf reads is set
+    namespace = env_of(containers(named("prod", "Deployment", "frontend"))[0])["DYN_NAMESPACE"]
+    assert env_of(nats)["LORAFLEET_NATS_SUBJECTS"] == f"{namespace}.>"
     users = {
         env_of(containers(named("prod", "Deployment", "frontend"))[0])["NATS_AUTH_USERNAME"],
         *(env_of(w)["NATS_AUTH_USERNAME"] for w in worker_containers("prod")),
