@@ -30,13 +30,14 @@ Continuation: TypeAlias = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[
 """gRPC's next step for a call: ``continuation(details, request)`` starts it."""
 
 
-class TokenInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
-    """Adds ``("token", ...)`` metadata to each call; one authentication at a time."""
+class TokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds ``("token", ...)`` metadata to each call; one authentication at a time.
+
+    Install ``interceptors()``, not this object alone: grpc.aio files each interceptor
+    under the first call kind it is (an if/elif), so one object of all four kinds saw only
+    unary calls, and a watch went without its token; with etcd auth on, etcd cancelled
+    every watch (permission denied) and a frontend never saw a worker that started after it.
+    """
 
     def __init__(self, username: str, password: str, timeout_s: float) -> None:
         self._username = username
@@ -64,7 +65,12 @@ class TokenInterceptor(
                 self._token = reply.token
             return self._token
 
-    async def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    def interceptors(self) -> list[grpc.aio.ClientInterceptor]:
+        """This interceptor and one per streaming call kind, all sharing its token."""
+        return [self, _UnaryStreamTokens(self), _StreamUnaryTokens(self), _StreamStreamTokens(self)]
+
+    async def with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        """``details`` with the current token in its metadata (Authenticate itself goes bare)."""
         if details.method in (_AUTHENTICATE_METHOD, _AUTHENTICATE_METHOD.encode()):
             return details
         metadata = grpc.aio.Metadata(*(details.metadata or ()), ("token", await self.token()))
@@ -82,29 +88,52 @@ class TokenInterceptor(
         etcd forgets every simple token when it restarts, yet keep-alives need none: a
         lease kept alive across a restart met the stale token first on its next put.
         """
-        call = await continuation(await self._details(client_call_details), request)
+        call = await continuation(await self.with_token(client_call_details), request)
         try:
             return await call
         except grpc.aio.AioRpcError as exc:
             if exc.code() is not grpc.StatusCode.UNAUTHENTICATED or not is_stale_token(exc):
                 raise
         self.forget()
-        return await continuation(await self._details(client_call_details), request)
+        return await continuation(await self.with_token(client_call_details), request)
+
+
+class _UnaryStreamTokens(grpc.aio.UnaryStreamClientInterceptor):
+    """The token on unary-stream calls."""
+
+    def __init__(self, tokens: TokenInterceptor) -> None:
+        self._tokens = tokens
 
     async def intercept_unary_stream(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
         request: Any,
     ) -> Any:  # fmt: skip
-        return await continuation(await self._details(client_call_details), request)
+        return await continuation(await self._tokens.with_token(client_call_details), request)
+
+
+class _StreamUnaryTokens(grpc.aio.StreamUnaryClientInterceptor):
+    """The token on stream-unary calls."""
+
+    def __init__(self, tokens: TokenInterceptor) -> None:
+        self._tokens = tokens
 
     async def intercept_stream_unary(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
         request_iterator: AsyncIterable[Any] | Iterable[Any],
     ) -> Any:  # fmt: skip
-        return await continuation(await self._details(client_call_details), request_iterator)
+        details = await self._tokens.with_token(client_call_details)
+        return await continuation(details, request_iterator)
+
+
+class _StreamStreamTokens(grpc.aio.StreamStreamClientInterceptor):
+    """The token on stream-stream calls: etcd checks it when a watch is created."""
+
+    def __init__(self, tokens: TokenInterceptor) -> None:
+        self._tokens = tokens
 
     async def intercept_stream_stream(
         self, continuation: Continuation, client_call_details: grpc.aio.ClientCallDetails,
         request_iterator: AsyncIterable[Any] | Iterable[Any],
     ) -> Any:  # fmt: skip
-        return await continuation(await self._details(client_call_details), request_iterator)
+        details = await self._tokens.with_token(client_call_details)
+        return await continuation(details, request_iterator)

@@ -125,7 +125,7 @@ def open_channel(
     settings: EtcdSettings, plan: ChannelPlan, tokens: TokenInterceptor | None
 ) -> grpc.aio.Channel:
     """Open the planned channel (TLS for ``https://``, the token interceptor with a user)."""
-    interceptors = [tokens] if tokens is not None else None
+    interceptors = tokens.interceptors() if tokens is not None else None
     options = list({**_CHANNEL_OPTIONS, **plan.options}.items())
     if not settings.tls:
         return grpc.aio.insecure_channel(plan.target, options=options, interceptors=interceptors)

@@ -175,3 +175,26 @@ async def _answers(etcd: EtcdClient) -> bool:
     except EtcdUnavailableError:
         return False
     return True
+
+
+async def test_a_watch_under_etcd_auth_sees_what_is_put_after_it_began(
+    auth_etcd: SecureEtcd,
+) -> None:
+    """How a frontend learns of a worker that starts after it: etcd checks the watch's token,
+    and cancelled every watch when the streaming calls went without one."""
+    watching = await connect_etcd(auth_etcd.settings)
+    writing = await connect_etcd(auth_etcd.settings)
+    try:
+        watch = await watching.watch_prefix(b"v1/mdc/watched/")
+        await writing.put(b"v1/mdc/watched/card", b"{}")
+
+        async def first_event() -> tuple[str, bytes]:
+            async for event in watch:
+                return event.kind, event.kv.key
+            raise AssertionError("the watch ended without an event")
+
+        assert await asyncio.wait_for(first_event(), timeout=30) == ("PUT", b"v1/mdc/watched/card")
+        await watch.cancel()
+    finally:
+        await watching.close()
+        await writing.close()
