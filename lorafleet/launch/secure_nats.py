@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from lorafleet.discovery.keys import kv_events_subject
 from lorafleet.launch.local_servers import LocalServer, start_nats
 
 __all__ = [
@@ -46,7 +47,8 @@ class NatsCredentials:
         env = {
             f"LORAFLEET_NATS_{role.upper()}_PASSWORD": self.passwords[role] for role in NATS_ROLES
         }
-        return {**env, "LORAFLEET_NATS_SUBJECTS": f"{namespace}.>"}
+        return {**env, "LORAFLEET_NATS_SUBJECTS": f"{namespace}.>",
+                "LORAFLEET_NATS_KV_EVENTS": kv_events_subject(namespace)}  # fmt: skip
 
     def client_env(self, role: str) -> dict[str, str]:
         """The ``NATS_AUTH_*`` variables of a process in ``role``."""

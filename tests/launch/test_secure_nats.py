@@ -19,8 +19,9 @@ import openai
 import pytest
 from nats.aio.msg import Msg
 
+from lorafleet.discovery import flush_subscriptions
 from lorafleet.discovery.errors import NatsAuthError
-from lorafleet.discovery.keys import nats_subject
+from lorafleet.discovery.keys import kv_events_subject, nats_subject
 from lorafleet.discovery.nats_connection import WORKER_INBOX_PREFIX, NatsConnection
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.launch.local_servers import LocalServer, free_port
@@ -94,6 +95,25 @@ async def test_a_role_cannot_subscribe_to_what_it_must_not_read(
     finally:
         await spy.close()
     assert seen == []
+
+
+async def test_a_frontend_reads_the_workers_kv_events(
+    secure_nats: LocalServer, credentials: NatsCredentials, namespace: str
+) -> None:
+    """Prefix routing needs it: workers publish block events, every frontend reads them."""
+    subject = kv_events_subject(namespace)
+    worker = await nats.connect(secure_nats.url, user="worker",
+                                password=credentials.passwords["worker"])  # fmt: skip
+    frontend = await nats.connect(secure_nats.url, user="frontend",
+                                  password=credentials.passwords["frontend"])  # fmt: skip
+    try:
+        events = await frontend.subscribe(subject)
+        await flush_subscriptions(frontend)
+        await worker.publish(subject, b"batch")
+        assert (await events.next_msg(timeout=WAIT_S)).data == b"batch"
+    finally:
+        await worker.close()
+        await frontend.close()
 
 
 async def _request_and_reply(
