@@ -34,7 +34,7 @@ from lorafleet.frontend.adapter_states import AdapterStates
 from lorafleet.frontend.admission import FleetAdmission
 from lorafleet.frontend.alias_checks import AliasChecks
 from lorafleet.frontend.aliases import AliasBook
-from lorafleet.frontend.config import FrontendConfig
+from lorafleet.frontend.config import PREFIX_ROUTERS, FrontendConfig
 from lorafleet.frontend.controllers import CONTROLLERS
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.dispatcher import Dispatcher
@@ -44,6 +44,7 @@ from lorafleet.frontend.generate_door import GenerateDoor
 from lorafleet.frontend.generate_routes import ENDPOINT_BY_PATH
 from lorafleet.frontend.generation import GenerationService
 from lorafleet.frontend.json_request import BoundedJsonRequest
+from lorafleet.frontend.kv.prefix_routing import start_prefix_router
 from lorafleet.frontend.load_failures import LoadFailures
 from lorafleet.frontend.lora_writes import LoraWrites
 from lorafleet.frontend.metrics import FrontendMetrics
@@ -54,7 +55,7 @@ from lorafleet.frontend.request_body import MAX_BODY_BYTES, describe_problem, le
 from lorafleet.frontend.request_plane import RequestPlane
 from lorafleet.frontend.resolver import ModelResolver
 from lorafleet.frontend.rollout_loop import RolloutLoop
-from lorafleet.frontend.router import make_router
+from lorafleet.frontend.router import Router, make_router
 from lorafleet.frontend.services import Services, services_of
 from lorafleet.frontend.slo_loop import SloLoop
 from lorafleet.frontend.slo_meter import SloMeter
@@ -122,9 +123,15 @@ async def _start_services(
     unreachable = Unreachable(plane, config.dispatch)
     stack.push_async_callback(unreachable.aclose)
     metrics.follow_unreachable(unreachable.count)
-    dispatcher = Dispatcher(
-        plane, make_router(config.router), config.dispatch, metrics, unreachable
-    )
+    if config.router in PREFIX_ROUTERS:
+        router: Router = await start_prefix_router(
+            config.router, stack, connection=nats, plane=plane, registry=registry,
+            namespace=config.namespace, metrics=metrics.routing,
+            load_weight=config.router_load_weight, max_blocks=config.kv_index_max_blocks,
+        )  # fmt: skip
+    else:
+        router = make_router(config.router)
+    dispatcher = Dispatcher(plane, router, config.dispatch, metrics, unreachable)
     failures = LoadFailures(loads)
     loader = OnDemandLoader(
         registry, plane, metrics, loads=loads, failures=failures,

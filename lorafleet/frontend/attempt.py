@@ -27,6 +27,8 @@ class Attempt:
     instance: Instance
     reply: Reply
     request_id: str
+    tokens: int = 0
+    """The load it adds to its instance as the router counts it (``Router.load_of``)."""
 
 
 class Attempts(Protocol):

@@ -13,14 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Final
 
+from msgspec import Meta
+
 from lorafleet.discovery.connection_settings import ConnectionSettings
 from lorafleet.frontend.admission import AdmissionSettings
 from lorafleet.frontend.dispatcher import DispatchSettings
+from lorafleet.frontend.kv.prefix_index import DEFAULT_MAX_BLOCKS
 from lorafleet.frontend.on_demand import DEFAULT_ON_DEMAND_QUEUE
 from lorafleet.frontend.request_body import DEFAULT_BODY_TIMEOUT_S
 from lorafleet.frontend.router import ROUTERS
 from lorafleet.process.settings import AT_LEAST_ONE, PORT, POSITIVE, setting
 
+PREFIX_ROUTERS: Final = ("prefix", "prefix-approx")
+"""The prefix-aware modes (``frontend.kv``): by the workers' KV events, or only by where this
+frontend sent each prefix."""
+MAX_LOAD_WEIGHT: Final = 1000.0
 DEFAULT_SLO_WINDOW_S: Final = 10.0
 DEFAULT_SLO_MIN_REQUESTS: Final = 20
 
@@ -35,6 +42,7 @@ class FrontendConfig(ConnectionSettings):
 
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
+        FrontendConfig(router="prefix", router_load_weight=0.5)   # cache first, load second
         FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
         FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
         FrontendConfig(on_demand_queue=1024)
@@ -50,9 +58,23 @@ class FrontendConfig(ConnectionSettings):
         8000, flag="--http-port", env="DYN_HTTP_PORT", help="the frontend's HTTP port"
     )
     router: str = setting(
-        "round-robin", flag="--router", env="DYN_ROUTER_MODE", choices=tuple(ROUTERS),
-        help="how base-model requests pick an instance; adapters always go to the least busy "
-        "instance that has them",
+        "round-robin", flag="--router", env="DYN_ROUTER_MODE",
+        choices=(*ROUTERS, *PREFIX_ROUTERS),
+        help="how requests pick an instance: round-robin or least-inflight (base models; "
+        "adapters go to the least busy instance that has them), prefix (base models and "
+        "adapters: the longest cached prefix against load, from the workers' KV events) or "
+        "prefix-approx (the same, by where this frontend sent each prefix)",
+        more="See [`docs/routing.md`](docs/routing.md).",
+    )  # fmt: skip
+    router_load_weight: Annotated[float, Meta(ge=0, le=MAX_LOAD_WEIGHT)] = setting(
+        1.0, flag="--router-load-weight", env="DYN_ROUTER_LOAD_WEIGHT",
+        help="prefix routers: what a token an instance is already working on costs, against "
+        "one prompt token it would have to compute (0: cache only, ties by load)",
+    )  # fmt: skip
+    kv_index_max_blocks: Annotated[int, AT_LEAST_ONE] = setting(
+        DEFAULT_MAX_BLOCKS, flag="--kv-index-max-blocks", env="DYN_KV_INDEX_MAX_BLOCKS",
+        help="prefix router: KV blocks the index keeps at most across every instance "
+        "(about 200 bytes each); past it new blocks are not indexed, and counted",
     )  # fmt: skip
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)

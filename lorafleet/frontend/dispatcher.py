@@ -195,25 +195,25 @@ class Dispatcher:
 
     async def _start(self, tries: _Tries, request: GenerateRequest) -> Attempt:
         served = tries.served
-        pick = self.router.pick if served.parent is None else self.router.pick_least_inflight
         instance = None
         if self.unreachable:
-            instance = pick(served.name, served.instances, self._avoid(tries.tried))
+            instance = self.router.route(served, request, self._avoid(tries.tried))
         if instance is None:
-            instance = pick(served.name, served.instances, tries.tried)
+            instance = self.router.route(served, request, tries.tried)
             if instance is not None and (stalled := self.unreachable.stalled(instance)):
                 tries.last = stalled  # its retry would wait a stall and a ping: fail now
                 instance = None
         if instance is None:
             raise tries.exhausted()
         tries.tried.append(instance.instance_id)
-        self.router.started(instance.instance_id)
+        tokens = self.router.load_of(request, instance.instance_id)
+        self.router.started(instance.instance_id, tokens)
         try:
             reply = await self.plane.open(instance.subject, request)
         except BaseException:
-            self.router.finished(instance.instance_id)
+            self.router.finished(instance.instance_id, tokens)
             raise
-        return Attempt(instance=instance, reply=reply, request_id=request.request_id)
+        return Attempt(instance=instance, reply=reply, request_id=request.request_id, tokens=tokens)
 
     async def _collect(self, attempt: Attempt) -> Completion:
         parts: list[str] = []
@@ -254,7 +254,7 @@ class Dispatcher:
         """Stop listening to ``attempt`` and count it done at the router (once)."""
         if not attempt.reply.closed:
             attempt.reply.close()
-            self.router.finished(attempt.instance.instance_id)
+            self.router.finished(attempt.instance.instance_id, attempt.tokens)
 
     def cancel(self, attempt: Attempt) -> None:
         """Tell ``attempt``'s instance to stop its request; never waits, never raises."""

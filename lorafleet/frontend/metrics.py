@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from lorafleet.frontend.kv.routing_metrics import RoutingMetrics
 from lorafleet.process.build_info import lorafleet_version, python_version
 
 __all__ = [
@@ -120,6 +121,8 @@ class FrontendMetrics:
             "answer a ping (a cut or stalled NATS route while etcd still lists them)",
             registry=self.registry,
         )  # fmt: skip
+        self.routing = RoutingMetrics(self.registry)
+        """The prefix router's and its events listener's series (``frontend.kv``)."""
         self._children: dict[tuple[object, ...], Any] = {}
 
     def follow_etcd(self, in_sync: Callable[[], bool]) -> None:

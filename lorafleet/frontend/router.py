@@ -1,5 +1,8 @@
 """Choose which instance serves a request: round robin or fewest requests in flight.
 
+(The prefix-aware modes, ``prefix`` and ``prefix-approx``, build on this class:
+``frontend.kv.prefix_router``.)
+
 Adapters always go to the instance with the fewest in flight among those that
 have them loaded (affinity), and among those to the one this frontend sent the
 fewest requests lately: in flight is mostly 0 or 1 at a time, so without that the
@@ -21,7 +24,9 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
+from lorafleet.frontend.registry import ServedModel
 from lorafleet.proto.discovery import Instance
+from lorafleet.proto.inference import GenerateRequest
 
 __all__ = [
     "LeastInflightRouter",
@@ -58,12 +63,31 @@ class Router(abc.ABC):
     ) -> Instance | None:
         """Return the instance for the next request to ``model``, or None if all are excluded."""
 
+    def route(
+        self, served: ServedModel, request: GenerateRequest, exclude: Container[int] = ()
+    ) -> Instance | None:
+        """The instance for ``request``: ``pick`` for a base model, the least busy copy for
+        an adapter (the prefix router weighs the request's cached prefix for both)."""
+        if served.parent is None:
+            return self.pick(served.name, served.instances, exclude)
+        return self.pick_least_inflight(served.name, served.instances, exclude)
+
+    def load_of(self, request: GenerateRequest, instance_id: int) -> int:
+        """The tokens ``request`` will keep ``instance_id`` busy with, as this router counts
+        load (0: it counts requests, not tokens)."""
+        return 0
+
     def inflight(self, instance_id: int) -> int:
         """How many attempts on ``instance_id`` are running now."""
         return self._inflight.get(instance_id, 0)
 
-    def started(self, instance_id: int) -> None:
-        """An attempt on ``instance_id`` began."""
+    def sent(self, instance_id: int) -> float:
+        """Requests sent to ``instance_id`` lately, decayed: only comparisons between
+        instances mean anything (all share one growing factor)."""
+        return self._sent.get(instance_id, 0.0)
+
+    def started(self, instance_id: int, tokens: int = 0) -> None:
+        """An attempt on ``instance_id`` began (``tokens``: its ``load_of``)."""
         self._inflight[instance_id] = self._inflight.get(instance_id, 0) + 1
         exponent = self._growth_per_s * (self._clock() - self._since)
         if exponent > _RESCALE_EXPONENT:
@@ -78,7 +102,7 @@ class Router(abc.ABC):
         scaled = {iid: sent * fade for iid, sent in self._sent.items()}
         self._sent = {iid: sent for iid, sent in scaled.items() if sent > fade}
 
-    def finished(self, instance_id: int) -> None:
+    def finished(self, instance_id: int, tokens: int = 0) -> None:
         """An attempt on ``instance_id`` ended (answered, failed or cancelled)."""
         left = self._inflight.get(instance_id, 0) - 1
         if left > 0:

@@ -16,7 +16,9 @@ made exact. With ``answer_loads`` it serves
 ``update/load_lora`` by publishing the adapter's card (``lose_first_card``: not
 the first time, as if evicted before anyone saw it; ``only_placed_copies``: after
 429 ``capacity`` to a load that keeps placed copies); otherwise it never
-answers updates, only records them. The real worker is used by the
+answers updates, only records them. With ``kv=True`` it caches the prompts it serves and
+publishes KV events as a worker's relay does (``kv_stand_in.py``, a stand-in for the
+mocker's relay); ``digests`` give its adapters' versions. The real worker is used by the
 end-to-end tests.
 """
 
@@ -56,6 +58,7 @@ from lorafleet.proto.naming import lora_id, lora_slug
 from lorafleet.worker.endpoint import Endpoint, EndpointAddress
 from lorafleet.worker.engine import EngineConfig, EngineRoute, LLMEngine, ModelEndpoint
 from lorafleet.worker.engine_registry import EngineRegistry, error_reply
+from tests.frontend.kv_stand_in import SPEC, KvEndpoint, StandInKv
 
 COMPONENT = "backend"
 ENDPOINT = "generate"
@@ -91,9 +94,14 @@ class ScriptedEngine(LLMEngine):
         )
         """Per request id: the frontend pinged this instance about it."""
         self._endpoint: ModelEndpoint | None = None
+        self.digests: dict[str, str] = {}
+        """Adapter name -> the digest its card says (none: no digest)."""
+        self.kv: StandInKv | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | FinalChunk]:
         self.generated.append(request)
+        if self.kv is not None:
+            await self.kv.serve(request)
         if self.error is not None:
             raise error_from_info(self.error)
         count = request.sampling.max_tokens
@@ -114,7 +122,8 @@ class ScriptedEngine(LLMEngine):
     def card(self, adapter: str) -> ModelDeploymentCard:
         """The card of ``adapter`` on this engine's base model."""
         lora = LoraInfo(name=adapter, lora_id=lora_id(adapter), base_model=self.config.model_name,
-                        uri=f"file:///adapters/{adapter}")  # fmt: skip
+                        uri=f"file:///adapters/{adapter}",
+                        digest=self.digests.get(adapter, ""))  # fmt: skip
         return ModelDeploymentCard(
             display_name=adapter, slug=lora_slug(adapter), lora=lora,
             context_length=self.config.context_length,
@@ -160,6 +169,8 @@ class StandInWorker:
         enable_lora: bool = True,
         gathers: bool = True,
         final_on_ping: bool = False,
+        kv: bool = False,
+        digests: dict[str, str] | None = None,
     ) -> None:
         self.nats_url = nats_url
         self.etcd = etcd
@@ -176,6 +187,8 @@ class StandInWorker:
         self.engine.lose_first_card = lose_first_card
         self.engine.only_placed_copies = only_placed_copies
         self.engine.final_on_ping = final_on_ping
+        self.engine.digests.update(digests or {})
+        self.with_kv = kv
         self.registry = EngineRegistry()
         self.updates: list[str] = []
         self.unanswered: list[GenerateRequest] = []
@@ -206,7 +219,12 @@ class StandInWorker:
                                   endpoint=ENDPOINT, instance_id=self.instance_id)  # fmt: skip
         self.subject = address.subject
         self.nc = await nats.connect(self.nats_url)
-        if self.engine.final_on_ping:
+        if self.with_kv:
+            self.kv = StandInKv(self.nc, self.namespace, self.instance_id, self.engine.digests)
+            self.engine.kv = self.kv
+            self.endpoint = KvEndpoint(self.nc, self.lease, address)
+            self.endpoint.kv = self.kv
+        elif self.engine.final_on_ping:
             self.endpoint = _LatePongEndpoint(self.nc, self.lease, address)
         else:
             endpoint = Endpoint if self.gathers else _StreamingEndpoint
@@ -226,6 +244,14 @@ class StandInWorker:
     def card(self, adapter: str) -> ModelDeploymentCard:
         """The card of ``adapter`` on this worker's base model."""
         return self.engine.card(adapter)
+
+    async def swap(self, adapter: str, digest: str) -> None:
+        """Serve another version of ``adapter``: its new card, then the old blocks go."""
+        assert self.kv is not None, "only a kv stand-in swaps versions"
+        old = self.kv.version(adapter)
+        self.engine.digests[adapter] = digest
+        await self.endpoint.register_model(self.engine.card(adapter))
+        await self.kv.clear(old)
 
     async def unmute(self) -> None:
         """A MUTE stand-in starts answering everything, pings included."""
@@ -270,7 +296,7 @@ class StandInWorker:
         return Instance(
             namespace=self.namespace, component=COMPONENT, endpoint=ENDPOINT,
             instance_id=self.instance_id, subject=self.subject, engine="stand-in",
-            pid=os.getpid(), started_at=time.time(),
+            pid=os.getpid(), started_at=time.time(), kv_cache=SPEC if self.with_kv else None,
         )  # fmt: skip
 
 

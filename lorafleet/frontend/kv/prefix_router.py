@@ -1,0 +1,195 @@
+"""The prefix-aware router: send a request where its prompt is cached, unless that costs more
+than it saves.
+
+For every instance that may serve the request (adapter affinity stays: ``served.instances``
+hold the adapter, aliases and canaries are resolved before), ``cost = uncached prompt
+tokens + load_weight x tokens the instance is working on`` (this frontend's requests in
+flight there: their uncached prompt and up to ``DECODE_LOAD_TOKENS`` of output each); the
+cheapest wins, ties go to the least busy. The cached prefix comes from the index of the
+workers' events (``PrefixIndex``) for an instance whose events this frontend follows, else
+from where it sent prefixes lately (``PrefixMemory``, the approximate mode; the only one
+of ``prefix-approx``). A hot prefix thus spreads once its holder is busier than a
+recompute costs. The index never fails a request: any error routes by least in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+
+from lorafleet.fleet.kv_blocks import version_key
+from lorafleet.frontend.card_view import CardView
+from lorafleet.frontend.kv.prefix_index import PrefixIndex
+from lorafleet.frontend.kv.prefix_memory import PrefixMemory
+from lorafleet.frontend.kv.prompt_blocks import CHARS_PER_BLOCK, HfTokenizers, PromptBlocks
+from lorafleet.frontend.kv.routing_metrics import DecisionReason, RoutingMetrics
+from lorafleet.frontend.registry import ServedModel
+from lorafleet.frontend.router import Router
+from lorafleet.proto.discovery import Instance
+from lorafleet.proto.inference import GenerateRequest
+
+__all__ = ["DECODE_LOAD_TOKENS", "PrefixRouter"]
+
+log = structlog.get_logger(__name__)
+
+DECODE_LOAD_TOKENS: Final = 256
+"""Output tokens a request in flight counts for at most in its instance's load."""
+CHARS_PER_TOKEN: Final = 4
+"""Prompt characters per token where no tokenizer says (English text, most tokenizers)."""
+RECENT_S: Final = 5.0
+"""How long a prefix sent to an instance whose events this frontend follows counts as held
+without its event: its prefill and the relay's next batch take less."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Score:
+    """One candidate's side of a decision: its cached and uncached prompt tokens."""
+
+    instance: Instance
+    cached: int
+    uncached: int
+    from_index: bool
+
+
+class PrefixRouter(Router):
+    """Weighs each candidate's cached prefix of a request against its load."""
+
+    def __init__(
+        self,
+        *,
+        metrics: RoutingMetrics,
+        cards: Callable[[str, int], CardView | None],
+        memory: PrefixMemory,
+        index: PrefixIndex | None = None,
+        follows: Callable[[int], bool] = lambda _instance_id: False,
+        tokenizers: HfTokenizers | None = None,
+        load_weight: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.metrics = metrics
+        self.memory = memory
+        self.index = index
+        self.load_weight = load_weight
+        self._cards = cards
+        self._follows = follows
+        """Whether the index follows an instance's events now (else: approximate)."""
+        self._tokenizers = tokenizers or HfTokenizers()
+        self._load_tokens: dict[int, int] = {}
+        self._last: tuple[GenerateRequest, PromptBlocks, dict[int, int]] | None = None
+        """The request routed last, its blocks and its uncached tokens per candidate."""
+
+    def pick(
+        self, model: str, instances: Sequence[Instance], exclude: Container[int] = ()
+    ) -> Instance | None:
+        return self.pick_least_inflight(model, instances, exclude)
+
+    def route(
+        self, served: ServedModel, request: GenerateRequest, exclude: Container[int] = ()
+    ) -> Instance | None:
+        candidates = [i for i in served.instances if i.instance_id not in exclude]
+        try:
+            chosen = self._by_prefix(served, request, candidates)
+        except Exception as exc:  # the index must never fail a request
+            log.warning("prefix routing failed; routing by load", model=served.name,
+                        error=repr(exc))  # fmt: skip
+            chosen = None
+        if chosen is None:
+            self.metrics.decided("no_index")
+            return self.pick_least_inflight(served.name, candidates)
+        return chosen
+
+    def load_of(self, request: GenerateRequest, instance_id: int) -> int:
+        decode = min(request.sampling.max_tokens, DECODE_LOAD_TOKENS)
+        if self._last is not None and self._last[0] is request:
+            uncached = self._last[2].get(instance_id)
+            if uncached is not None:
+                return uncached + decode
+            return self._last[1].chars // CHARS_PER_TOKEN + decode
+        return decode
+
+    def started(self, instance_id: int, tokens: int = 0) -> None:
+        super().started(instance_id, tokens)
+        self._load_tokens[instance_id] = self._load_tokens.get(instance_id, 0) + tokens
+
+    def finished(self, instance_id: int, tokens: int = 0) -> None:
+        super().finished(instance_id, tokens)
+        left = self._load_tokens.get(instance_id, 0) - tokens
+        if left > 0:
+            self._load_tokens[instance_id] = left
+        else:
+            self._load_tokens.pop(instance_id, None)
+
+    def _by_prefix(
+        self, served: ServedModel, request: GenerateRequest, candidates: list[Instance]
+    ) -> Instance | None:
+        """The cheapest candidate, counted and remembered; None when the prompt is too short
+        to route by or there is no choice to make."""
+        if len(candidates) < 2:
+            return None
+        prompt = self._prompt(request)
+        if prompt.chars < CHARS_PER_BLOCK:
+            return None
+        scores = [self._score(served.name, prompt, instance) for instance in candidates]
+        self._last = (request, prompt, {s.instance.instance_id: s.uncached for s in scores})
+        best = min(scores, key=self._cost)
+        self.memory.remember(prompt.char_hashes(self._version(served.name, best.instance)),
+                             best.instance.instance_id)  # fmt: skip
+        self.metrics.decided(_reason(best, scores), best.cached)
+        return best.instance
+
+    def _prompt(self, request: GenerateRequest) -> PromptBlocks:
+        """The request's blocks, shared by every try of one request."""
+        if self._last is not None and self._last[0] is request:
+            return self._last[1]
+        return PromptBlocks(request, self._tokenizers)
+
+    def _cost(self, score: _Score) -> tuple[float, int, float]:
+        iid = score.instance.instance_id
+        load = self._load_tokens.get(iid, 0)
+        return (score.uncached + self.load_weight * load, self.inflight(iid), self.sent(iid))
+
+    def _version(self, model: str, instance: Instance) -> str:
+        """The version of ``model`` that ``instance`` holds: the block chains' seed."""
+        card = self._cards(model, instance.instance_id)
+        return version_key(model, card.digest if card is not None else "")
+
+    def _score(self, model: str, prompt: PromptBlocks, instance: Instance) -> _Score:
+        """What of the prompt ``instance`` holds: from the index when it follows the
+        instance's events and can make its tokens (or what was sent there in the last
+        ``RECENT_S``, still in prefill, if more), else from where prefixes were sent."""
+        version = self._version(model, instance)
+        iid = instance.instance_id
+        spec = instance.kv_cache
+        if self.index is not None and spec is not None and spec.events and self._follows(iid):
+            tokens = prompt.tokens(spec) if prompt.chars >= spec.block_size else []
+            hashes = prompt.token_hashes(spec, version) if tokens else []
+            if tokens is not None and hashes is not None:
+                cached = self.index.overlaps(hashes, (iid,)).get(iid, 0) * spec.block_size
+                recent = self._remembered(prompt, version, iid, len(tokens), RECENT_S)
+                recent -= recent % spec.block_size  # whole blocks, as the index counts
+                total = len(tokens)
+                return _Score(instance, max(cached, recent), total - max(cached, recent),
+                              from_index=cached >= recent)  # fmt: skip
+        total = prompt.chars // CHARS_PER_TOKEN
+        cached = self._remembered(prompt, version, iid, total, None)
+        return _Score(instance, cached, total - cached, from_index=False)
+
+    def _remembered(
+        self, prompt: PromptBlocks, version: str, iid: int, total: int, within_s: float | None
+    ) -> int:
+        """Tokens of the prompt's leading character blocks sent to ``iid`` (in ``within_s``)."""
+        held = self.memory.overlaps(prompt.char_hashes(version), (iid,), within_s).get(iid, 0)
+        return min(total, total * held * CHARS_PER_BLOCK // max(1, prompt.text_bytes))
+
+
+def _reason(best: _Score, scores: list[_Score]) -> DecisionReason:
+    """Why ``best`` won among ``scores``."""
+    most = max(s.cached for s in scores)
+    if most == 0:
+        return "no_index"
+    if best.cached < most:
+        return "load"
+    return "overlap" if best.from_index else "approximate"

@@ -1,0 +1,150 @@
+"""A request's prompt as prefix-cache blocks: engine tokens where the frontend can make them,
+character blocks where it cannot.
+
+Tokens are made only when a router asks, once per request and tokenizer (``PromptBlocks``
+memoises them): a request with one candidate instance, or a prompt shorter than a block,
+costs no tokenization. ``words`` is the mocker's tokenizer; ``hf`` loads the model folder's
+tokenizer (``KvCacheSpec.tokenizer_path``) and applies its chat template as the hf and vllm
+engines do. A tokenizer the frontend cannot load leaves the instance to character blocks
+(the approximate mode), logged once per path. Why the frontend tokenizes:
+``docs/decisions.md``, "Where the frontend tokenizes".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+import structlog
+
+from lorafleet.fleet.kv_blocks import block_hashes, words_tokens
+from lorafleet.proto.inference import GenerateRequest
+from lorafleet.proto.kv_events import KvCacheSpec
+
+__all__ = [
+    "CHARS_PER_BLOCK",
+    "HfTokenizers",
+    "PromptBlocks",
+    "TokenizerSource",
+    "load_hf_tokenizer",
+]
+
+log = structlog.get_logger(__name__)
+
+CHARS_PER_BLOCK: Final = 64
+"""Bytes of prompt text per block of the approximate mode (no tokenizer)."""
+
+
+class Tokenize(Protocol):
+    """What the frontend needs of an hf tokenizer: encode text and render a chat."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+
+TokenizerSource = Callable[[str], Tokenize | None]
+"""Gives the hf tokenizer of a model folder, or None when it cannot be loaded."""
+
+
+def load_hf_tokenizer(path: str) -> Tokenize | None:
+    """transformers' tokenizer of ``path``, or None (no transformers, or nothing readable)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer: Tokenize = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # ImportError, OSError, ValueError: all mean "cannot"
+        log.warning("cannot load the tokenizer; routing approximately for its instances",
+                    path=path, error=str(exc))  # fmt: skip
+        return None
+    return tokenizer
+
+
+class HfTokenizers:
+    """One tokenizer per model folder, loaded once (a failure too: logged once)."""
+
+    def __init__(self, load: TokenizerSource = load_hf_tokenizer) -> None:
+        self._load = load
+        self._loaded: dict[str, Tokenize | None] = {}
+
+    def get(self, path: str) -> Tokenize | None:
+        """The tokenizer of ``path``, or None."""
+        if path not in self._loaded:
+            self._loaded[path] = self._load(path) if path else None
+        return self._loaded[path]
+
+
+class PromptBlocks:
+    """One request's prompt, hashed into blocks on demand (each kind once)."""
+
+    def __init__(self, request: GenerateRequest, tokenizers: HfTokenizers) -> None:
+        self.request = request
+        self._tokenizers = tokenizers
+        self._texts = _texts(request)
+        self.chars = sum(len(text) for text in self._texts)
+        """Characters of prompt text (a cheap bound: a token is at least one character)."""
+        self._tokens: dict[tuple[str, str], list[int] | None] = {}
+        self._hashes: dict[tuple[str, str, int, str], list[int]] = {}
+
+    def tokens(self, spec: KvCacheSpec) -> list[int] | None:
+        """The engine's tokens of the prompt under ``spec``'s tokenizer, or None if unknown."""
+        key = (spec.tokenizer, spec.tokenizer_path)
+        if key not in self._tokens:
+            self._tokens[key] = self._tokenize(spec)
+        return self._tokens[key]
+
+    def token_hashes(self, spec: KvCacheSpec, version: str) -> list[int] | None:
+        """The hash of each whole block of the prompt's tokens, as the engine names them."""
+        tokens = self.tokens(spec)
+        if tokens is None:
+            return None
+        key = (spec.tokenizer + spec.tokenizer_path, version, spec.block_size, "tokens")
+        if key not in self._hashes:
+            salt = self.request.cache_salt
+            self._hashes[key] = block_hashes(tokens, spec.block_size, version, salt)
+        return self._hashes[key]
+
+    def char_hashes(self, version: str) -> list[int]:
+        """The hash of each whole ``CHARS_PER_BLOCK`` bytes of the prompt text."""
+        key = ("", version, CHARS_PER_BLOCK, "chars")
+        if key not in self._hashes:
+            salt = self.request.cache_salt
+            self._hashes[key] = block_hashes(self._text_bytes, CHARS_PER_BLOCK, version, salt)
+        return self._hashes[key]
+
+    @property
+    def text_bytes(self) -> int:
+        """Bytes of the character blocks' text (the prompt, or the chat with its roles)."""
+        return len(self._text_bytes)
+
+    @functools.cached_property
+    def _text_bytes(self) -> bytes:
+        return _chat_text(self.request).encode()
+
+    def _tokenize(self, spec: KvCacheSpec) -> list[int] | None:
+        if spec.tokenizer == "words":
+            return words_tokens(self._texts)
+        tokenizer = self._tokenizers.get(spec.tokenizer_path)
+        if tokenizer is None:
+            return None
+        messages = self.request.messages
+        if messages is None:
+            return list(tokenizer.encode(self.request.prompt or ""))
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _texts(request: GenerateRequest) -> list[str]:
+    """The prompt, or each chat message's content in order (what the mocker tokenizes)."""
+    if request.messages is None:
+        return [request.prompt or ""]
+    return [m.content for m in request.messages]
+
+
+def _chat_text(request: GenerateRequest) -> str:
+    """The prompt, or every chat message's role and content: the character blocks' text."""
+    if request.messages is None:
+        return request.prompt or ""
+    return "\0".join(f"{m.role}\0{m.content}" for m in request.messages)
