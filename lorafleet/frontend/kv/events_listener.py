@@ -133,6 +133,10 @@ class KvEventsListener:
         follow = self._follows.get(instance_id)
         return follow is not None and follow.following
 
+    def followed(self) -> int:
+        """How many instances the index follows now."""
+        return sum(follow.following for follow in self._follows.values())
+
     async def _on_message(self, msg: Msg) -> None:
         try:
             batch = decode_kv_batch(msg.data)

@@ -39,10 +39,10 @@ async def start_prefix_router(
         return PrefixRouter(metrics=metrics, cards=registry.card_on, memory=memory,
                             load_weight=load_weight)  # fmt: skip
     index = PrefixIndex(max_blocks=max_blocks)
-    metrics.follow_index(lambda: index.size)
     listener = await KvEventsListener.start(
         connection, plane, registry, namespace, index=index, memory=memory, metrics=metrics
     )
+    metrics.follow_index(lambda: index.size, listener.followed)
     stack.push_async_callback(listener.aclose)
     return PrefixRouter(metrics=metrics, cards=registry.card_on, memory=memory, index=index,
                         follows=listener.follows, load_weight=load_weight)  # fmt: skip

@@ -48,14 +48,21 @@ class RoutingMetrics:
             "lorafleet_kv_events_dropped", "KV events not indexed, by reason",
             ["reason"], registry=registry,
         )  # fmt: skip
+        self.followed = Gauge(
+            "lorafleet_kv_followed_instances",
+            "Instances whose KV events this frontend has all applied since a snapshot or "
+            "their first batch (the others are routed approximately)",
+            registry=registry,
+        )  # fmt: skip
         self.snapshots = Counter(
             "lorafleet_kv_snapshots", "Snapshots asked of instances, by outcome",
             ["outcome"], registry=registry,
         )  # fmt: skip
 
-    def follow_index(self, size: Callable[[], int]) -> None:
-        """Read ``lorafleet_kv_index_blocks`` from ``size`` at every scrape."""
+    def follow_index(self, size: Callable[[], int], followed: Callable[[], int]) -> None:
+        """Read the index's size and the instances it follows at every scrape."""
         self.index_blocks.set_function(lambda: float(size()))
+        self.followed.set_function(lambda: float(followed()))
 
     def decided(self, reason: DecisionReason, overlap_tokens: int = 0) -> None:
         """Count one routing decision and the cached tokens it chose."""
