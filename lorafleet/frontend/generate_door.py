@@ -52,6 +52,7 @@ from lorafleet.frontend.request_body import (
 from lorafleet.frontend.services import services_of
 from lorafleet.frontend.tenants import Permit
 from lorafleet.proto.errors import LorafleetError, RateLimitedError
+from lorafleet.proto.tenants import tenant_cache_salt
 
 __all__ = ["GenerateDoor"]
 
@@ -109,6 +110,9 @@ class GenerateDoor:
             )
             record.tenant = "" if tenant is None else tenant.name
             data: Any = decode_json(body, route.body_type)
+            if tenant is not None and tenant.salt_cache:
+                salt = tenant_cache_salt(tenant.name, data.cache_salt or "")
+                data = msgspec.structs.replace(data, cache_salt=salt)
             permit = services.tenants.admit(tenant, data.model, services.registry.names)
             if services.admission.limited:  # else no coroutines to await (most frontends)
                 await _enter(services.admission, permit)

@@ -97,6 +97,7 @@ def chat_to_generate(
         messages=messages,
         sampling=msgspec.structs.replace(sampling, logprobs=logprobs),
         whole=not body.stream,
+        cache_salt=body.cache_salt or "",
     )
 
 
@@ -124,6 +125,7 @@ def completion_to_generate(
         prompt=prompt,
         sampling=msgspec.structs.replace(sampling, logprobs=body.logprobs),
         whole=not body.stream,
+        cache_salt=body.cache_salt or "",
     )
 
 

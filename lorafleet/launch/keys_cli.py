@@ -57,6 +57,9 @@ def add_tenant_flags(tenants: argparse.ArgumentParser) -> None:
         tenants.add_argument(flag, type=kind, default=0, help=f"set: {what} (0: no limit)")
     tenants.add_argument("--priority", type=int, default=0,
                          help="set: 0-9, higher first while the fleet is saturated")  # fmt: skip
+    tenants.add_argument("--salt-cache", action="store_true",
+                         help="set: salt the tenant's requests with its name, so that its "
+                              "prompts share no prefix cache with other tenants'")  # fmt: skip
 
 
 def keys_command(args: argparse.Namespace) -> int:
@@ -88,7 +91,7 @@ def tenants_command(args: argparse.Namespace) -> int:
     tenant = Tenant(
         name=args.name, models=args.model or ["*"], requests_per_s=args.requests_per_s,
         tokens_per_min=args.tokens_per_min, max_concurrent=args.max_concurrent,
-        priority=args.priority,
+        priority=args.priority, salt_cache=args.salt_cache,
     )  # fmt: skip
     body = msgspec.json.encode(tenant)
     return _call("POST", f"{args.frontend}/v1/tenants", body, args.json,

@@ -193,6 +193,7 @@ from lorafleet.proto.tenants import (
     key_hash,
     key_id,
     may_use,
+    tenant_cache_salt,
 )
 from lorafleet.proto.uris import (
     is_scheme_name,
@@ -396,6 +397,7 @@ __all__ = [
     "replica_bounds",
     "shorten",
     "split_uri",
+    "tenant_cache_salt",
     "validate_adapter_spec",
     "validate_alias_shape",
     "validate_lora_name",

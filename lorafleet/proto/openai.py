@@ -161,6 +161,9 @@ class _Sampling(msgspec.Struct, kw_only=True, frozen=True):
     user: ShortText | None = None
     safety_identifier: ShortText | None = None
     prompt_cache_key: ShortText | None = None
+    cache_salt: ShortText | None = None
+    """vLLM's: prefix-cache blocks are shared only between requests with the same salt (and
+    routed by it, ``docs/routing.md``); forwarded to the engine."""
 
 
 class ChatContentPart(msgspec.Struct, kw_only=True, frozen=True):

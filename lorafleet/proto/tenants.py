@@ -36,6 +36,7 @@ __all__ = [
     "key_hash",
     "key_id",
     "may_use",
+    "tenant_cache_salt",
 ]
 
 API_KEY_PREFIX: Final = "lf-"
@@ -73,6 +74,9 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
     priority: Annotated[int, msgspec.Meta(ge=0, le=9)] = 0
     """Higher is served first while the fleet is saturated; the lowest is shed first
     (``lorafleet/frontend/admission.py``)."""
+    salt_cache: bool = False
+    """Salt every request with the tenant's name (``tenant_cache_salt``): its prompts never
+    share prefix-cache blocks with another tenant's (``docs/routing.md``)."""
 
     def __post_init__(self) -> None:
         """Refuse a rate above zero but below ``MIN_REQUESTS_PER_S`` (msgspec makes the
@@ -82,6 +86,12 @@ class Tenant(msgspec.Struct, kw_only=True, frozen=True):
                 f"requests_per_s is {self.requests_per_s:g}; use 0 for no limit or at least "
                 f"{MIN_REQUESTS_PER_S:g}"
             )
+
+
+def tenant_cache_salt(tenant: str, salt: str) -> str:
+    """The cache salt of a request of a tenant that salts its requests: its name, then the
+    request's own salt (blocks are shared only within the tenant, and within that salt)."""
+    return f"{tenant}\0{salt}"
 
 
 class TenantList(msgspec.Struct, kw_only=True, frozen=True):

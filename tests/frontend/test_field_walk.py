@@ -38,7 +38,7 @@ VLLM_EXTRA_FIELDS: Final = (
     "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
     "bad_words", "prompt_logprobs", "use_beam_search", "structured_outputs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "priority", "logits_processors",
-    "add_special_tokens", "return_tokens_as_token_ids",
+    "add_special_tokens", "return_tokens_as_token_ids", "cache_salt",
 )  # fmt: skip
 """vLLM 0.32's sampling and tokenisation fields of both request kinds (vLLM is not
 installed here: listed from its ``entrypoints/openai/protocol.py``)."""
@@ -50,9 +50,11 @@ REQUIRED: Final = {"model", "messages", "prompt"}
 """Sent in every request of the walk: the baseline itself shows them honoured."""
 LABELS: Final[Mapping[str, Any]] = {
     "user": "u1", "safety_identifier": "s1", "prompt_cache_key": "k1", "parallel_tool_calls": False,
+    "cache_salt": "c1",
 }  # fmt: skip
 """Accepted and never change an answer, by their definition: OpenAI's labels for its own
-abuse tracking and caching, and how tool calls run (tools are refused)."""
+abuse tracking and caching, how tool calls run (tools are refused), and vLLM's cache salt
+(which prefix-cache blocks a request may share)."""
 
 HONOURED: Final[Mapping[str, tuple[dict[str, Any], dict[str, Any]]]] = {
     # field: (the baseline's settings, what the field adds); the answers must differ

@@ -220,3 +220,38 @@ async def test_bad_events_are_dropped_and_counted_and_good_ones_still_apply(
         assert await _metric(frontend, dropped, reason="malformed") == 1
         assert await _metric(frontend, dropped, reason="unknown_instance") == 1
         assert await _metric(frontend, dropped, reason="unknown_version") == 1
+
+
+async def test_cache_salt_isolates_in_the_index_and_a_tenant_may_salt_with_its_name(
+    prefix_config: FrontendConfig, kv_workers: Callable[..., asyncio.Future[StandInWorker]]
+) -> None:
+    a, b = [await kv_workers() for _ in range(2)]
+    admin = {"Authorization": "Bearer adm1n"}
+    async with run_frontend(dataclasses.replace(prefix_config, admin_token="adm1n")) as frontend:
+        await wait_for_models(frontend, {"demo"})
+        await _following(frontend, 2)
+        client = _client(frontend)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await _ask(client, "salted?", cache_salt=5)
+        assert refused.value.body["param"] == "cache_salt"  # type: ignore[index]
+        await a.kv.serve(_warm(salt="acme"))
+        await b.kv.serve(_warm())
+        await _until(frontend, "lorafleet_kv_index_blocks", lambda v: v == 2 * PREFIX_BLOCKS)
+        for n in range(2):
+            await _ask(client, f"salted {n}", cache_salt="acme")
+            await _ask(client, f"plain {n}")
+        assert [r.cache_salt for r in a.generated] == ["acme", "acme"]
+        assert [r.cache_salt for r in b.generated] == ["", ""]
+        tenant = {"name": "acme", "salt_cache": True}
+        assert (await frontend.http.post("/v1/tenants", json=tenant, headers=admin)).is_success
+        key = await frontend.http.post("/v1/keys", json={"tenant": "acme"}, headers=admin)
+        tenant_client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1",
+                                           api_key=key.json()["key"], max_retries=0)  # fmt: skip
+        async with asyncio.timeout(TIMEOUT_S):
+            while True:  # until this frontend's watch has the new key
+                with contextlib.suppress(openai.AuthenticationError):
+                    await _ask(tenant_client, "as a tenant", cache_salt="eu")
+                    break
+                await asyncio.sleep(0.02)
+        served = [r for r in a.generated + b.generated if r.messages[1].content == "as a tenant"]
+        assert [r.cache_salt for r in served] == ["acme\0eu"]
