@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import openai
 import pytest
@@ -19,6 +20,7 @@ from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import kv_events_subject
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.local_servers import start_nats
 from lorafleet.proto.inference import ChatMessage, GenerateRequest, encode_msg
 from lorafleet.proto.kv_events import BlocksStored, KvEventBatch
 from tests.frontend.conftest import FAST_DISPATCH, RunningFrontend, run_frontend, wait_for_models
@@ -255,3 +257,34 @@ async def test_cache_salt_isolates_in_the_index_and_a_tenant_may_salt_with_its_n
                 await asyncio.sleep(0.02)
         served = [r for r in a.generated + b.generated if r.messages[1].content == "as a tenant"]
         assert [r.cache_salt for r in served] == ["acme\0eu"]
+
+
+async def test_after_a_nats_outage_the_index_is_rebuilt_from_snapshots(
+    tmp_path: Path, etcd: EtcdClient, etcd_url: str, namespace: str
+) -> None:
+    server = start_nats(tmp_path / "nats-own")
+    etcd_settings = EtcdSettings.from_endpoints(etcd_url)
+    config = FrontendConfig(namespace=namespace, etcd=etcd_settings, nats_server=server.url,
+                            dispatch=FAST_DISPATCH, router="prefix")  # fmt: skip
+    a, b = [StandInWorker(server.url, etcd, namespace, "demo", kv=True) for _ in range(2)]
+    try:
+        for worker in (a, b):
+            await worker.start()
+        async with run_frontend(config) as frontend:
+            await wait_for_models(frontend, {"demo"})
+            await _following(frontend, 2)
+            await asyncio.to_thread(server.stop)
+            await _following(frontend, 0)  # events may be lost now: trust none
+            b.kv.lose_next = True
+            await b.kv.serve(_warm())  # cached while NATS was away: no event reaches anyone
+            await asyncio.to_thread(server.start_again)
+            await _following(frontend, 2)  # every instance asked for its snapshot again
+            await _until(frontend, "lorafleet_kv_index_blocks", lambda v: v == PREFIX_BLOCKS)
+            for n in range(3):
+                await _ask(_client(frontend), f"after the outage {n}")
+            assert (len(a.generated), len(b.generated)) == (0, 3)
+    finally:
+        for worker in (a, b):
+            with contextlib.suppress(Exception):
+                await worker.stop()
+        server.stop()
