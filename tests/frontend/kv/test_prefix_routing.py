@@ -20,6 +20,7 @@ from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import kv_events_subject
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.frontend.config import FrontendConfig
+from lorafleet.launch.cli import main as lorafleet
 from lorafleet.launch.local_servers import start_nats
 from lorafleet.proto.inference import ChatMessage, GenerateRequest, encode_msg
 from lorafleet.proto.kv_events import BlocksStored, KvEventBatch
@@ -225,7 +226,9 @@ async def test_bad_events_are_dropped_and_counted_and_good_ones_still_apply(
 
 
 async def test_cache_salt_isolates_in_the_index_and_a_tenant_may_salt_with_its_name(
-    prefix_config: FrontendConfig, kv_workers: Callable[..., asyncio.Future[StandInWorker]]
+    prefix_config: FrontendConfig,
+    kv_workers: Callable[..., asyncio.Future[StandInWorker]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     a, b = [await kv_workers() for _ in range(2)]
     admin = {"Authorization": "Bearer adm1n"}
@@ -244,8 +247,12 @@ async def test_cache_salt_isolates_in_the_index_and_a_tenant_may_salt_with_its_n
             await _ask(client, f"plain {n}")
         assert [r.cache_salt for r in a.generated] == ["acme", "acme"]
         assert [r.cache_salt for r in b.generated] == ["", ""]
-        tenant = {"name": "acme", "salt_cache": True}
-        assert (await frontend.http.post("/v1/tenants", json=tenant, headers=admin)).is_success
+        monkeypatch.setenv("DYN_ADMIN_TOKEN", "adm1n")
+        where = ("--frontend", frontend.url)
+        assert (
+            await asyncio.to_thread(lorafleet, ["tenants", "set", "acme", "--salt-cache", *where])
+            == 0
+        )
         key = await frontend.http.post("/v1/keys", json={"tenant": "acme"}, headers=admin)
         tenant_client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1",
                                            api_key=key.json()["key"], max_retries=0)  # fmt: skip
