@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+import msgspec
+
 from lorafleet.frontend.desired_state import DesiredState
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.frontend.load_failures import LoadFailures, iso_time
@@ -37,6 +39,8 @@ __all__ = ["AdapterStates", "Attainment", "StateOf"]
 
 DEMAND_DIGITS: Final = 3
 """Requests per second are shown to a thousandth."""
+RATIO_DIGITS: Final = 3
+"""Prefix-cache hit ratios are shown to a thousandth."""
 
 Attainment: TypeAlias = Callable[[AdapterSpec], SloAttainment | None]
 """An adapter's attainment of its latency targets, None without targets
@@ -80,7 +84,7 @@ class AdapterStates:
             return self.status(spec)
         served = self._registry.get(name)
         if served is not None and served.parent is not None:
-            return _served_status(served, self._demand(name))
+            return self._served(served)
         last = self._loads.last_eviction(name)
         return None if last is None else _evicted_status(name, *last, self._demand(name))
 
@@ -88,7 +92,7 @@ class AdapterStates:
         """Adapters that live instances serve, or placement evicted, and the desired state
         does not declare: loaded straight onto a worker (its routes, ``lorafleet lora load``)."""
         found = {
-            served.name: _served_status(served, self._demand(served.name))
+            served.name: self._served(served)
             for served in self._registry.models()
             if served.parent is not None and self._desired.get(served.name) is None
         }
@@ -127,12 +131,29 @@ class AdapterStates:
             name=spec.name, base_model=spec.base_model,
             source=LoraSource(uri=public_uri(spec.source.uri), sha256=spec.source.sha256),
             replicas=spec.replicas, min_replicas=low, max_replicas=high, pinned=spec.pinned,
-            instances=now.instances, warnings=[*(warnings or []), *self._card_warnings(spec.name)],
+            instances=now.instances, cache_hit_ratio=self.hit_ratios(now.instances),
+            warnings=[*(warnings or []), *self._card_warnings(spec.name)],
             state=now.state,
             loading=now.loading, demand=self._demand(spec.name),
             error=now.error, digest=self._digest(spec.name), slo=spec.slo,
             attainment=None if self._attainment is None else self._attainment(spec),
         )  # fmt: skip
+
+    def _served(self, served: ServedModel) -> AdapterStatus:
+        """An unmanaged adapter's status, with its demand and its instances' hit ratios."""
+        status = _served_status(served, self._demand(served.name))
+        return msgspec.structs.replace(status, cache_hit_ratio=self.hit_ratios(status.instances))
+
+    def hit_ratios(self, instances: list[str]) -> dict[str, float]:
+        """The prefix-cache hit ratio of each of ``instances`` (hex ids) that has one, as
+        its load record says."""
+        ratios: dict[str, float] = {}
+        for hex_id in instances:
+            load = self._loads.of(int(hex_id, 16))
+            ratio = None if load is None else load.prefix_cache_hit_ratio
+            if ratio is not None:
+                ratios[hex_id] = round(ratio, RATIO_DIGITS)
+        return ratios
 
     def _serves_desired(self, spec: AdapterSpec) -> bool:
         """Whether a live instance serves ``spec``'s source (and its ``sha256``, if given)."""

@@ -11,6 +11,7 @@ JSON lines with ``--json``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import httpx
 import msgspec
 
 from lorafleet.discovery.client import connect_etcd
-from lorafleet.discovery.keys import instance_prefix
+from lorafleet.discovery.keys import instance_prefix, load_prefix, parse_load_key
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.fleet_status import (
     DEFAULT_APPLY_WAIT_S,
@@ -38,6 +39,7 @@ from lorafleet.proto.adapters import (
     UnloadLoraRequest,
 )
 from lorafleet.proto.discovery import Instance, decode_instance
+from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
 
 __all__ = [
     "admin_headers",
@@ -47,6 +49,7 @@ __all__ = [
     "discover",
     "instances",
     "list_models",
+    "load_records",
     "lora_command",
     "worker_urls",
 ]
@@ -54,14 +57,31 @@ __all__ = [
 _LoraRequest = LoadLoraRequest | UnloadLoraRequest | ListLorasRequest
 
 
-async def instances(etcd: EtcdSettings, namespace: str) -> list[Instance]:
-    """Every live worker instance registered in ``namespace``."""
+async def _listed(etcd: EtcdSettings, prefix: str) -> list[tuple[str, bytes]]:
+    """Every key under ``prefix`` and its value, read once."""
     etcd_client = await connect_etcd(etcd)
     try:
-        listing = await etcd_client.get_prefix(instance_prefix(namespace).encode())
+        listing = await etcd_client.get_prefix(prefix.encode())
     finally:
         await etcd_client.close()
-    return [decode_instance(kv.value) for kv in listing]
+    return [(kv.key.decode(), kv.value) for kv in listing]
+
+
+async def instances(etcd: EtcdSettings, namespace: str) -> list[Instance]:
+    """Every live worker instance registered in ``namespace``."""
+    return [
+        decode_instance(value) for _key, value in await _listed(etcd, instance_prefix(namespace))
+    ]
+
+
+async def load_records(etcd: EtcdSettings, namespace: str) -> dict[int, InstanceLoad]:
+    """Every live worker's load record in ``namespace``, by instance id (a record that does
+    not decode is left out)."""
+    records = {}
+    for key, value in await _listed(etcd, load_prefix(namespace)):
+        with contextlib.suppress(ValueError, msgspec.DecodeError, msgspec.ValidationError):
+            records[parse_load_key(key)[1]] = decode_instance_load(value)
+    return records
 
 
 async def worker_urls(etcd: EtcdSettings, namespace: str) -> list[str]:

@@ -13,18 +13,21 @@ import httpx
 import msgspec
 
 from lorafleet.discovery.settings import EtcdSettings
-from lorafleet.launch.admin import instances
+from lorafleet.launch.admin import instances, load_records
 from lorafleet.launch.table import print_table
 from lorafleet.proto.adapters import ListLorasRequest, LoraListResponse
+from lorafleet.proto.fleet_load import InstanceLoad
 
 __all__ = ["print_status"]
 
 
 def print_status(etcd: EtcdSettings, namespace: str, frontend_url: str, *, as_json: bool) -> int:
     """Print the cluster's state; 1 when a server or worker is not healthy."""
+    loads = asyncio.run(load_records(etcd, namespace))
     workers: list[dict[str, Any]] = [  # JSON for --json: adapters is a list, the rest text
         {"instance": f"{i.instance_id:x}", "engine": i.engine, "url": i.system_url,
-         "health": _health(i.system_url), "adapters": _adapters(i.system_url)}
+         "health": _health(i.system_url), "adapters": _adapters(i.system_url),
+         "cache_hits": _hit_ratio(loads.get(i.instance_id))}
         for i in sorted(asyncio.run(instances(etcd, namespace)), key=lambda i: i.system_url)
     ]  # fmt: skip
     servers = [
@@ -36,11 +39,17 @@ def print_status(etcd: EtcdSettings, namespace: str, frontend_url: str, *, as_js
     else:
         print_table(("SERVER", "URL", "HEALTH"), [_as_row(s) for s in servers])
         print()
-        rows = [(w["instance"], w["engine"], w["url"], w["health"],
+        rows = [(w["instance"], w["engine"], w["url"], w["health"], w["cache_hits"],
                  ",".join(w["adapters"]) or "-") for w in workers]  # fmt: skip
-        print_table(("INSTANCE", "ENGINE", "URL", "HEALTH", "ADAPTERS"), rows)
+        print_table(("INSTANCE", "ENGINE", "URL", "HEALTH", "CACHE HITS", "ADAPTERS"), rows)
     healthy = [entry["health"] == "ok" for entry in [*servers, *workers]]
     return 0 if all(healthy) else 1
+
+
+def _hit_ratio(load: InstanceLoad | None) -> str:
+    """The instance's prefix-cache hit ratio as a percentage; "-" without one."""
+    ratio = None if load is None else load.prefix_cache_hit_ratio
+    return "-" if ratio is None else f"{ratio:.0%}"
 
 
 def _health(url: str) -> str:

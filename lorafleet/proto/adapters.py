@@ -190,6 +190,10 @@ class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
 
     instances: list[str] = msgspec.field(default_factory=list)
     """Lower-case hex ids of the live instances that have the adapter's card."""
+    cache_hit_ratio: dict[str, float] = msgspec.field(default_factory=dict)
+    """Each of ``instances`` whose engine has looked up prompts in its prefix cache: the
+    share of prompt tokens found cached since the worker started (vLLM's
+    ``prefix_cache_hits / prefix_cache_queries``, every model of the instance together)."""
     warnings: list[str] = msgspec.field(default_factory=list)
     """Why the adapter may not be served yet (e.g. no live instance serves its base model)."""
     state: AdapterState = "pending"

@@ -85,6 +85,14 @@ class InstanceLoad(msgspec.Struct, kw_only=True, frozen=True):
     hits / queries; both 0 for an engine without a prefix cache."""
 
     @property
+    def prefix_cache_hit_ratio(self) -> float | None:
+        """``prefix_cache_hits / prefix_cache_queries``; None before any lookup (or without
+        a prefix cache)."""
+        if self.prefix_cache_queries <= 0:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+    @property
     def free_slots(self) -> int:
         """Slots neither loaded nor being loaded (evictable ones are not counted as free)."""
         return max(0, self.max_loras - len(self.loaded) - len(self.loading))

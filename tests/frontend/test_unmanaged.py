@@ -10,13 +10,16 @@ for the worker's publication.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import msgspec
 import pytest
 
 from lorafleet.discovery.keys import load_key
+from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.fleet_status import print_fleet
+from lorafleet.launch.status import print_status
 from lorafleet.proto.fleet_load import EvictedAdapter, InstanceLoad, encode_instance_load
 from tests.frontend.conftest import wait_for_models
 from tests.frontend.stand_in import COMPONENT, ENDPOINT, StandInWorker
@@ -133,3 +136,21 @@ async def test_a_request_for_an_evicted_unmanaged_adapter_loads_it_back_from_its
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "old"
     assert worker.loads == ["old"]
+
+
+async def test_adapters_and_status_show_each_instances_prefix_cache_hit_ratio(
+    fleet, frontend, etcd, etcd_url, namespace, capsys
+) -> None:
+    record = InstanceLoad(base_model="demo", max_loras=4, prefix_cache_queries=800,
+                          prefix_cache_hits=600)  # fmt: skip
+    key = load_key(namespace, COMPONENT, ENDPOINT, fleet.instance_id)
+    await etcd.put(key.encode(), encode_instance_load(record))  # the worker's publication
+    loads = frontend.app.state.services.loads
+    await loads.cache.wait_until(lambda _: loads.of(fleet.instance_id) is not None, timeout_s=30)
+
+    robot = (await frontend.http.get("/v1/adapters/robot")).json()
+    assert robot["cache_hit_ratio"] == {f"{fleet.instance_id:x}": 0.75}
+    settings = EtcdSettings.from_endpoints(etcd_url)
+    await asyncio.to_thread(print_status, settings, namespace, frontend.url, as_json=True)
+    (worker,) = json.loads(capsys.readouterr().out)["workers"]
+    assert (worker["instance"], worker["cache_hits"]) == (f"{fleet.instance_id:x}", "75%")
