@@ -1,12 +1,14 @@
 """A stand-in for a worker's KV relay, for the stand-in worker (``stand_in.py``).
 
-Until the worker's own relay (the mocker's paged cache and ``worker/kv_relay.py``) is on
-main, a stand-in worker made with ``kv=True`` caches what it serves here: every whole block
-of each request's prompt (the mocker's word tokens, chained per version and cache salt with
-``fleet.kv_blocks``, as the real relay does), counts its prefix hits and queries in tokens
-(the worker's own evidence of where prefixes landed), publishes ``KvEventBatch`` messages on
-the namespace's real events subject, and answers ``KvSnapshotRequest`` on its instance
-subject. Tests may also drop a batch on the floor (``lose_next``) to make a gap.
+The stand-in's engine is scripted, so its cache is too: written before the mocker's paged
+cache and ``worker/kv_relay.py`` were on main, and kept because a test can then lose a
+batch or hold a prefix exactly. A stand-in worker made with ``kv=True`` caches what it
+serves here: every whole block of each request's prompt (the mocker's word tokens, chained
+per version and cache salt with ``fleet.kv_blocks``, as the real relay does). It counts its
+prefix hits and queries in tokens (the worker's own evidence of where prefixes landed),
+publishes ``KvEventBatch`` messages on the namespace's real events subject, and answers
+``KvSnapshotRequest`` on its instance subject. Tests may also drop a batch on the floor
+(``lose_next``) to make a gap.
 """
 
 from __future__ import annotations
