@@ -19,6 +19,8 @@ from typing import Any
 import boto3
 import pytest
 
+from lorafleet.process.parent_death import die_with_parent
+
 MOTO_START_TIMEOUT_S = 30.0
 ACCESS_KEY_ID = "AKIALORAFLEETTEST"
 SECRET_ACCESS_KEY = "lorafleet-test-secret-do-not-leak"
@@ -99,6 +101,7 @@ def start_moto(workdir: Path, extra_env: dict[str, str] | None = None) -> MotoSe
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent(),
     )
     server = MotoServer(f"http://127.0.0.1:{port}", recording, process)
     deadline = time.monotonic() + MOTO_START_TIMEOUT_S

@@ -1,0 +1,91 @@
+"""Child processes that die with the process that started them, even when it is SIGKILLed.
+
+``lorafleet up``, the benchmarks and the test fixtures start etcd, NATS, frontends and
+workers in sessions of their own (a Ctrl-C reaches only the parent, which stops them in
+order). Killed outright (``kill -9``, the OOM killer, a CI timeout), the parent stops
+nothing; so each child asks for a signal when its parent dies.
+
+- **Linux:** ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child, between fork and exec
+  (``die_with_parent``). The kernel sends it when the *thread* that forked the child
+  exits, not the process: so it is asked for only when the main thread starts the child
+  (a thread pool's thread may end while its children should live on).
+- **Elsewhere, or a child started from another thread:** a Python child of ours (worker,
+  frontend) watches its parent instead (``watch_parent``, told to by ``PARENT_PID_VARIABLE``)
+  and kills itself once the parent is gone. etcd and NATS have no such fallback there.
+
+Must not decide when children stop in an orderly shutdown: their owner does that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from lorafleet.process.pids import pid_alive
+
+__all__ = ["PARENT_PID_VARIABLE", "die_with_parent", "parent_pid_env", "watch_parent"]
+
+PARENT_PID_VARIABLE: Final = "LORAFLEET_PARENT_PID"
+"""Set on a Python child: the pid whose death ends it (``watch_parent``)."""
+PR_SET_PDEATHSIG: Final = 1
+"""``<linux/prctl.h>``."""
+WATCH_INTERVAL_S: Final = 0.5
+"""How often ``watch_parent`` looks at its parent pid."""
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, or None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return getattr(libc, "prctl", None)
+
+
+_PRCTL: Final = _prctl()
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies; None where
+    the kernel cannot (not Linux) or cannot be trusted to (called off the main thread)."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl, parent = _PRCTL, os.getpid()
+
+    def in_child() -> None:  # between fork and exec: no locks, no logging
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return in_child
+
+
+def parent_pid_env() -> dict[str, str]:
+    """The variable that tells a Python child of ours to watch this process."""
+    return {PARENT_PID_VARIABLE: str(os.getpid())}
+
+
+def watch_parent() -> None:
+    """In a child told so by ``PARENT_PID_VARIABLE``, kill this process once its parent is
+    gone: the fallback of ``die_with_parent`` (a daemon thread; costs a syscall a tick)."""
+    told = os.environ.get(PARENT_PID_VARIABLE, "")
+    if not told.isdigit():
+        return
+    parent = int(told)
+    if not pid_alive(parent):  # it died before we got here
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.getppid() != parent:
+        return  # started through a wrapper process: the wrapper's parent is not ours to watch
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_INTERVAL_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
