@@ -79,8 +79,9 @@ class LoadRetries:
         delay_s = backoff_s(attempts, cap_s=RETRY_CAP_S, base_s=RETRY_BASE_S)
         message = _redact_uris(exc.message)
         self._failures[name] = LoadFailure(
-            code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s
-        )
+            code=exc.code, message=message, at=now, attempts=attempts, retry_at=now + delay_s,
+            uri=redact_uri(uri),
+        )  # fmt: skip
         same = previous is not None and (previous.code, previous.message) == (exc.code, message)
         report = log.debug if same else log.warning
         report("placement could not load adapter; retrying with backoff", adapter=name,
