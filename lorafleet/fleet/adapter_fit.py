@@ -39,9 +39,7 @@ def can_take(rank: int, limits: Mapping[int, int]) -> list[int]:
 
 
 def unplaceable_reason(name: str, rank: int, limits: Mapping[int, int]) -> str:
-    """Why no instance of ``limits`` can take adapter ``name`` (called when none can)."""
-    if not limits:
-        return f"adapter {name!r}: no live instance of its base model loads adapters"
+    """Why no instance of ``limits`` (not empty) can take adapter ``name`` of ``rank``."""
     shown = ", ".join(str(limit) for limit in sorted(set(limits.values())))
     return (
         f"adapter {name!r} has rank {rank} or more; the live instances of its base model take "
