@@ -39,7 +39,7 @@ from lorafleet.launch.admin import instances
 from lorafleet.launch.cluster_state import ChildProcess, ClusterState, remove_state, write_state
 from lorafleet.launch.errors import ClusterNotReadyError
 from lorafleet.launch.file_roots import file_roots_env
-from lorafleet.launch.leftovers import stop_leftovers
+from lorafleet.launch.leftovers import command_line, stop_leftovers
 from lorafleet.launch.local_servers import LocalServer, free_port, start_etcd, start_nats
 from lorafleet.launch.ports import is_free, require_free
 from lorafleet.launch.processes import (
@@ -154,7 +154,7 @@ def _record_state(
     etcd: EtcdSettings, started: list[tuple[str, subprocess.Popen[bytes]]],
 ) -> None:  # fmt: skip
     """Write ``cluster.json`` once the workers proved their own; removed when ``stack`` ends."""
-    processes = [ChildProcess(name=name, pid=process.pid, command=_executable(process))
+    processes = [ChildProcess(name=name, pid=process.pid, command=_program(process.pid))
                  for name, process in started]  # fmt: skip
     state = ClusterState(
         pid=os.getpid(), namespace=options.namespace,
@@ -166,10 +166,9 @@ def _record_state(
     stack.callback(remove_state, options.state_dir)
 
 
-def _executable(process: subprocess.Popen[bytes]) -> str:
-    """The program ``process`` runs (its argv's first item)."""
-    args = process.args
-    return str(args[0] if isinstance(args, list) else args)
+def _program(pid: int) -> str:
+    """The program ``pid`` runs now, as ``ps`` shows it (after any launcher's exec)."""
+    return command_line(pid).split(" ", 1)[0]
 
 
 def _http_ports(options: ClusterOptions) -> dict[str, int]:

@@ -37,7 +37,8 @@ class ChildProcess(msgspec.Struct, kw_only=True, frozen=True):
     """As ``up`` prints it: ``etcd``, ``nats``, ``frontend``, ``worker-0``, ..."""
     pid: int
     command: str
-    """Its executable as started; a pid whose command line lacks it was reused."""
+    """Its program as ``ps`` showed it once ready; a pid whose command line lacks it was
+    reused by another program."""
 
 
 class ClusterState(msgspec.Struct, kw_only=True, frozen=True):

@@ -20,7 +20,7 @@ from typing import Final
 from lorafleet.launch.cluster_state import ClusterState, read_recorded_state, remove_state
 from lorafleet.launch.errors import LeftoverClusterError
 
-__all__ = ["stop_leftovers"]
+__all__ = ["command_line", "stop_leftovers"]
 
 UP_STOP_TIMEOUT_S: Final = 40.0
 """A live ``lorafleet up`` stops its children within its own timeouts (20 s each at most)."""
@@ -44,14 +44,14 @@ def stop_leftovers(state_dir: Path, *, replace: bool) -> None:
 
 def _still_running(state: ClusterState) -> dict[str, int]:
     """Name -> pid of the recorded processes that still run as recorded."""
-    left = {"lorafleet up": state.pid} if _command_line(state.pid) else {}
+    left = {"lorafleet up": state.pid} if command_line(state.pid) else {}
     for child in state.processes:
-        if Path(child.command).name in _command_line(child.pid):  # etcd's wrapper execs
+        if child.command and child.command in command_line(child.pid):
             left[child.name] = child.pid
     return left
 
 
-def _command_line(pid: int) -> str:
+def command_line(pid: int) -> str:
     """``ps``'s view of ``pid``'s command line; "" when it is gone or a zombie (dead, and
     its parent has not reaped it yet)."""
     shown = subprocess.run(
@@ -89,7 +89,7 @@ def _signal_and_wait(pid: int, timeout_s: float) -> None:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + timeout_s
-        while _command_line(pid) and time.monotonic() < deadline:
+        while command_line(pid) and time.monotonic() < deadline:
             time.sleep(_POLL_S)  # not our child: nothing to wait on but time
-        if not _command_line(pid):
+        if not command_line(pid):
             return

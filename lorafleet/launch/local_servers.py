@@ -299,9 +299,8 @@ def launch(
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})},
-            preexec_fn=die_with_parent(),  # gone with us, even on SIGKILL
+            die_with_parent(args), stdout=log, stderr=subprocess.STDOUT,  # gone with us
+            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})},
         )  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
     return LocalServer(name, url, port, data_dir, log_path, process, args, health_url, env or {})

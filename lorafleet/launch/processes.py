@@ -167,8 +167,8 @@ def _popen(
     argv: list[str], env: dict[str, str], stdout: int | IO[bytes]
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**env, **parent_pid_env()}, start_new_session=True, preexec_fn=die_with_parent(),
+        die_with_parent(argv), stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**env, **parent_pid_env()}, start_new_session=True,
     )  # fmt: skip
 
 

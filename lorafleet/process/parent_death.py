@@ -5,10 +5,12 @@ workers in sessions of their own (a Ctrl-C reaches only the parent, which stops 
 order). Killed outright (``kill -9``, the OOM killer, a CI timeout), the parent stops
 nothing; so each child asks for a signal when its parent dies.
 
-- **Linux:** ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` in the child, between fork and exec
-  (``die_with_parent``). The kernel sends it when the *thread* that forked the child
-  exits, not the process: so it is asked for only when the main thread starts the child
-  (a thread pool's thread may end while its children should live on).
+- **Linux:** the child's argv is wrapped (``die_with_parent``) in a tiny launcher that
+  asks for ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` and then execs the real program (same pid;
+  the request survives the exec). Not a ``preexec_fn``: Python code between fork and exec
+  crashes a parent that runs gRPC or torch threads. The kernel sends the signal when the
+  *thread* that forked the child exits, not the process: so it is asked for only when the
+  main thread starts the child (a thread pool's thread may end while its children live on).
 - **Elsewhere, or a child started from another thread:** a Python child of ours (worker,
   frontend) watches its parent instead (``watch_parent``, told to by ``PARENT_PID_VARIABLE``)
   and kills itself once the parent is gone. etcd and NATS have no such fallback there.
@@ -18,14 +20,11 @@ Must not decide when children stop in an orderly shutdown: their owner does that
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Final
 
 from lorafleet.process.pids import pid_alive
@@ -34,36 +33,28 @@ __all__ = ["PARENT_PID_VARIABLE", "die_with_parent", "parent_pid_env", "watch_pa
 
 PARENT_PID_VARIABLE: Final = "LORAFLEET_PARENT_PID"
 """Set on a Python child: the pid whose death ends it (``watch_parent``)."""
-PR_SET_PDEATHSIG: Final = 1
-"""``<linux/prctl.h>``."""
 WATCH_INTERVAL_S: Final = 0.5
 """How often ``watch_parent`` looks at its parent pid."""
 
 
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, or None where there is none (not Linux)."""
+_LAUNCHER: Final = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]):  # the parent died before the request took effect\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+"""Run by ``python -I -S -c``: no site, no environment, a few milliseconds."""
+
+
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so that the child gets SIGKILL when this process dies; ``argv`` as it
+    is where the kernel cannot (not Linux) or cannot be trusted to (off the main thread)."""
     if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    return getattr(libc, "prctl", None)
-
-
-_PRCTL: Final = _prctl()
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies; None where
-    the kernel cannot (not Linux) or cannot be trusted to (called off the main thread)."""
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
-        return None
-    prctl, parent = _PRCTL, os.getpid()
-
-    def in_child() -> None:  # between fork and exec: no locks, no logging
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return in_child
+        return argv
+    if threading.current_thread() is not threading.main_thread():
+        return argv
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
 def parent_pid_env() -> dict[str, str]:

@@ -97,11 +97,10 @@ def start_moto(workdir: Path, extra_env: dict[str, str] | None = None) -> MotoSe
     env.update(extra_env or {})
     binary = Path(sys.executable).with_name("moto_server")
     process = subprocess.Popen(
-        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+        die_with_parent([str(binary), "-H", "127.0.0.1", "-p", str(port)]),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent(),
     )
     server = MotoServer(f"http://127.0.0.1:{port}", recording, process)
     deadline = time.monotonic() + MOTO_START_TIMEOUT_S
