@@ -58,7 +58,7 @@ def command_line(pid: int) -> str:
         ["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True, text=True
     ).stdout.strip()
     stat, _, args = shown.partition(" ")
-    return "" if stat.startswith("Z") else args
+    return "" if stat.startswith("Z") else args.strip()
 
 
 def _confirmed(state_dir: Path, left: dict[str, int]) -> bool:

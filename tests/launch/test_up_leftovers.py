@@ -59,6 +59,7 @@ def test_sigkill_of_up_ends_every_child_and_a_live_up_is_replaced_only_when_told
         assert refused.returncode == 1, refused
         (line,) = refused.stderr.strip().splitlines()
         assert f"lorafleet up (pid {live.pid})" in line and "--replace" in line
+        assert all(f"{name} (pid " in line for name in children)  # its children, by name
         assert live.poll() is None  # untouched
         with running_up(tmp_path, "--replace"):
             assert live.wait(STOP_WAIT_S) == 0  # stopped as by Ctrl-C: in order, cleanly
