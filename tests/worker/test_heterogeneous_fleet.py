@@ -16,6 +16,7 @@ import pytest
 
 from lorafleet.launch.fleet_status import print_fleet
 from tests.processes import ServiceProcess, start_frontend
+from tests.worker.adapters import make_adapter_dir
 from tests.worker.fleet import instance_id, load_records, put_spec, wait_for_holders
 
 FAILED_LOAD = re.compile(r'lorafleet_worker_adapter_operations_total\{operation="load",'
@@ -88,6 +89,11 @@ async def test_two_base_models_each_adapter_only_where_it_fits_or_unplaceable(
         refused = await http.post("/v1/completions", json=body)
         cold = await http.post("/v1/completions", json={**body, "model": "othercold"})
         models = {m["id"]: m.get("parent") for m in (await http.get("/v1/models")).json()["data"]}
+        vllm_path = make_adapter_dir(root, "vllmwide", rank=32)  # vLLM's route: fits demo64
+        vllm = await http.post(
+            "/v1/load_lora_adapter",
+            json={"lora_name": "vllmwide", "lora_path": str(vllm_path), "base_model_name": "demo"},
+        )
     await asyncio.to_thread(print_fleet, frontend.url, as_json=False)
     listed = capsys.readouterr().out
 
@@ -96,8 +102,9 @@ async def test_two_base_models_each_adapter_only_where_it_fits_or_unplaceable(
     assert "at most 8 " in otherwide["unplaceable"]  # the demo workers' 64 does not count
     assert (refused.status_code, refused.json()["error"]["code"]) == (424, "adapter_unplaceable")
     assert cold.status_code == 200, cold.text  # loaded on demand, on its base's worker
+    assert vllm.status_code == 200, vllm.text
     where = await wait_for_holders(etcd, namespace, lambda w, _b: "othercold" in w, timeout_s=10)
-    assert where["othercold"] == {other8}
+    assert (where["othercold"], where["vllmwide"]) == ({other8}, {demo64})
     assert {m: models.get(m) for m in ("demo", "other", "demowide", "othercold")} == {
         "demo": None,
         "other": None,
