@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from lorafleet.fleet.safetensors_file import safetensors_problem
-from lorafleet.proto.errors import InvalidRequestError
+from lorafleet.proto.errors import AdapterRankError, InvalidRequestError
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -31,6 +31,7 @@ __all__ = [
     "adapter_bytes",
     "adapter_problem",
     "check_adapter_rank",
+    "lora_rank",
     "pickle_problem",
     "read_adapter_config",
 ]
@@ -95,21 +96,28 @@ def read_adapter_config(path: Path) -> dict[str, Any]:
 
 
 def check_adapter_rank(name: str, path: Path, max_rank: int) -> None:
-    """Refuse, before an engine loads it, a directory that holds no LoRA of rank <= ``max_rank``."""
+    """Refuse, before an engine loads it, a directory that holds no LoRA of rank <= ``max_rank``
+    (``AdapterRankError`` when only its rank is too large)."""
     try:
         config = read_adapter_config(path)
     except (OSError, ValueError) as exc:
         raise InvalidRequestError(f"adapter {name!r} at {path} is not usable: {exc}") from exc
     if config.get("peft_type", "LORA") != "LORA":
         raise InvalidRequestError(f"adapter {name!r}: {path} is not a LoRA adapter")
-    pattern = config.get("rank_pattern")
-    ranks = [config.get("r"), *(pattern.values() if isinstance(pattern, dict) else ())]
-    biggest = max((r for r in ranks if isinstance(r, int) and not isinstance(r, bool)), default=0)
+    biggest = lora_rank(config)
     if biggest > max_rank:
-        raise InvalidRequestError(
+        raise AdapterRankError(
             f"adapter {name!r} at {path} has rank {biggest}; this engine takes at most "
             f"{max_rank} (max_lora_rank)"
         )
+
+
+def lora_rank(config: dict[str, Any]) -> int:
+    """The largest LoRA rank an ``adapter_config.json`` declares (``r`` and ``rank_pattern``;
+    0 when it declares none)."""
+    pattern = config.get("rank_pattern")
+    ranks = [config.get("r"), *(pattern.values() if isinstance(pattern, dict) else ())]
+    return max((r for r in ranks if isinstance(r, int) and not isinstance(r, bool)), default=0)
 
 
 def _config_problem(path: Path) -> str | None:

@@ -192,6 +192,7 @@ def plan_copies(
     demand: Mapping[str, float] | None = None,
     eps: float = LOAD_BOUND_EPS,
     cache: RendezvousCache | None = None,
+    allowed: Mapping[str, Collection[int]] | None = None,
 ) -> dict[str, list[int]]:
     """Place ``copies[adapter]`` copies of each adapter on the instances of ``slots``.
 
@@ -210,6 +211,9 @@ def plan_copies(
         eps: an instance gets at most ``ceil((1 + eps) * total * slots_i / all_slots)``
             copies (bounded loads; equal slots: ``ceil((1 + eps) * total / instances)``).
         cache: rendezvous orders kept between calls (``set_instances`` is called here).
+        allowed: adapter -> the only instances that can take it (``fleet.adapter_fit``: its
+            rank against theirs); an adapter not named here may go anywhere. Its copies are
+            at most as many as those instances, and held copies elsewhere are not kept.
 
     Returns:
         adapter -> the instances that should hold it (kept holders first, then rendezvous
@@ -220,25 +224,27 @@ def plan_copies(
     held = held or {}
     cache = cache or RendezvousCache()
     cache.set_instances(slots)
-    wanted = {name: min(n, len(slots)) for name, n in copies.items() if n > 0}
+    only = {name: set(iids) & slots.keys() for name, iids in (allowed or {}).items()}
+    wanted = {name: min(n, len(only.get(name, slots))) for name, n in copies.items()}
+    wanted = {name: n for name, n in wanted.items() if n > 0}
     room = _room(wanted, slots, held, eps)
     bound = _DemandBound(wanted, slots, demand or {})
     plan: dict[str, list[int]] = {name: [] for name in sorted(wanted)}
     busiest_first = bound.busiest_first(list(plan))
-    _keep_held(plan, busiest_first, wanted, held, room, bound, cache)
+    _keep_held(plan, busiest_first, wanted, held, room, bound, cache, only)
     short = []
     caps = bound.caps(eps)
     for name in busiest_first:
         where, count = plan[name], wanted[name]
         if len(where) == count:
             continue
-        _fill(name, where, count, room, cache, bound, caps)
+        _fill(name, where, count, room, cache, bound, caps, only.get(name))
         if len(where) < count:  # past the demand bound only when no instance allows it
-            _fill(name, where, count, room, cache, bound, None)
+            _fill(name, where, count, room, cache, bound, None, only.get(name))
         if len(where) < count:
             short.append(name)
     if short:
-        _repair(plan, short, wanted, room, cache)
+        _repair(plan, short, wanted, room, cache, only)
     return plan
 
 
@@ -298,14 +304,16 @@ def _keep_held(
     room: dict[int, int],
     bound: _DemandBound,
     cache: RendezvousCache,
+    only: Mapping[str, set[int]],
 ) -> None:
     """Stickiness: copies already held count as placed, best-ranked holders first, while
-    their instance's demand stays within ``HELD_DEMAND_EPS`` (busiest adapters kept first)."""
+    their instance's demand stays within ``HELD_DEMAND_EPS`` (busiest adapters kept first)
+    and the instance can take the adapter (``only``)."""
     holders: dict[str, list[int]] = defaultdict(list)
     for iid, names in held.items():
         if iid in room:
             for name in names:
-                if name in wanted:
+                if name in wanted and (name not in only or iid in only[name]):
                     holders[name].append(iid)
     load, cap = bound.load, bound.caps(HELD_DEMAND_EPS)
     for name in busiest_first:  # whatever order ``held`` came in
@@ -332,13 +340,15 @@ def _fill(
     cache: RendezvousCache,
     bound: _DemandBound,
     cap: Mapping[int, float] | None,
+    only: set[int] | None,
 ) -> None:
-    """Walk ``name``'s rendezvous order, skipping instances full or at their bound, and
-    (``cap`` given) those a copy would take past their demand cap."""
+    """Walk ``name``'s rendezvous order, skipping instances full or at their bound, those
+    that cannot take it (not in ``only``, when given) and (``cap`` given) those a copy
+    would take past their demand cap."""
     load, share = bound.load, bound.per_copy[name]
     for rank in cache._ranked_entries(name):
         iid = _ranked_id(rank)
-        if room[iid] > 0 and iid not in where:
+        if room[iid] > 0 and iid not in where and (only is None or iid in only):
             if cap is not None and load[iid] != 0 and load[iid] + share > cap[iid]:
                 continue
             where.append(iid)
@@ -354,6 +364,7 @@ def _repair(
     wanted: Mapping[str, int],
     room: dict[int, int],
     cache: RendezvousCache,
+    only: Mapping[str, set[int]],
 ) -> None:
     """Give adapters short of copies a place by moving one copy out of a full instance.
 
@@ -368,7 +379,7 @@ def _repair(
             on[iid].append(name)
     for name in short:
         where = plan[name]
-        while len(where) < wanted[name] and _swap_in(name, where, plan, on, room, cache):
+        while len(where) < wanted[name] and _swap_in(name, where, plan, on, room, cache, only):
             pass
 
 
@@ -379,14 +390,19 @@ def _swap_in(
     on: dict[int, list[str]],
     room: dict[int, int],
     cache: RendezvousCache,
+    only: Mapping[str, set[int]],
 ) -> bool:
-    """Move one copy from a full instance to one with room, and put ``name`` in its place."""
+    """Move one copy from a full instance to one with room, and put ``name`` in its place
+    (each only where it can go: ``only``)."""
     spare = sorted(iid for iid, left in room.items() if left > 0)
     for iid in cache.order(name):
-        if iid in where or room[iid] > 0:
+        if iid in where or room[iid] > 0 or (name in only and iid not in only[name]):
             continue
         for other in on[iid]:
-            target = next((k for k in spare if k not in plan[other]), None)
+            fits = only.get(other)
+            target = next(
+                (k for k in spare if k not in plan[other] and (fits is None or k in fits)), None
+            )
             if target is None:
                 continue
             plan[other].remove(iid)

@@ -24,6 +24,7 @@ from lorafleet.frontend.errors import framing_error_body
 from lorafleet.process.cli_help import HelpFormatter, add_version
 from lorafleet.process.header_timeout import with_header_timeout
 from lorafleet.process.logs import configure_logging
+from lorafleet.process.parent_death import watch_parent
 from lorafleet.process.settings_cli import add_settings, parse_settings, settings_from_args
 from lorafleet.process.uvicorn_server import UvicornServer
 
@@ -61,6 +62,7 @@ class _ExplainedStartupFailure(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, configure logging and serve until SIGTERM/SIGINT."""
+    watch_parent()  # where the kernel cannot end us with our parent (process.parent_death)
     config = parse_settings(build_parser(), FrontendConfig, argv)
     configure_logging(process="frontend")
     app = create_app(config)

@@ -1,4 +1,4 @@
-"""Where each adapter stands: placed, loading, failed, pending or cold, and why; or
+"""Where each adapter stands: placed, loading, unplaceable, failed, pending or cold, and why; or
 ``unmanaged`` (loaded straight onto workers, not declared) and ``evicted`` (such an
 adapter that placement evicted).
 
@@ -55,6 +55,8 @@ class StateOf:
     instances: list[str]
     loading: list[str]
     error: AdapterLoadError | None = None
+    unplaceable: str = ""
+    """Why no live instance can take it, while ``unplaceable``."""
 
 
 class AdapterStates:
@@ -104,6 +106,7 @@ class AdapterStates:
 
     def state_of(self, spec: AdapterSpec) -> StateOf:
         """``placed`` (a live card), ``loading`` (an instance or this frontend loads it),
+        ``unplaceable`` (no live instance of its base model can take it: its rank),
         ``failed`` (its last load failed; also while the cards are of another source or
         digest, which keeps serving), else ``pending`` or ``cold`` (``min_replicas`` 0)."""
         served = self._registry.get(spec.name)
@@ -116,6 +119,9 @@ class AdapterStates:
             return StateOf("placed" if error is None else "failed", instances, loading, error)
         if loading or self._loader.is_loading(spec.name):
             return StateOf("loading", instances, loading)
+        reason = self._loader.takers.unplaceable(spec)
+        if reason:
+            return StateOf("unplaceable", instances, loading, unplaceable=reason)
         failure = self._failures.last(spec.name)
         if failure is not None:
             return StateOf("failed", instances, loading, failure.describe())
@@ -136,6 +142,7 @@ class AdapterStates:
             state=now.state,
             loading=now.loading, demand=self._demand(spec.name),
             error=now.error, digest=self._digest(spec.name), slo=spec.slo,
+            unplaceable=now.unplaceable,
             attainment=None if self._attainment is None else self._attainment(spec),
         )  # fmt: skip
 

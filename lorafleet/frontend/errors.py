@@ -22,6 +22,7 @@ Hierarchy::
     └── LoadUnauthorizedError    a worker refused this frontend's token          502
     proto.errors.LorafleetError
     ├── AdapterLoadFailedError   the adapter's load failed (recently)            424
+    ├── AdapterUnplaceableError  no live instance can take the adapter           424
     ├── BodyTimeoutError         the body did not arrive within its timeout      408
     └── ClientGoneError          the client hung up before its answer's end      499
 
@@ -54,6 +55,7 @@ from lorafleet.proto.uris import public_uris_in
 
 __all__ = [
     "AdapterLoadFailedError",
+    "AdapterUnplaceableError",
     "BadFieldError",
     "BaseModelUnavailableError",
     "BodyTimeoutError",
@@ -357,6 +359,19 @@ class AdapterLoadFailedError(LorafleetError):
             f"{error.code}: {error.message} (at {error.at}); fix its source and apply it "
             f"again (lorafleet lora apply), or retry after {retry_after}"
         )
+
+
+class AdapterUnplaceableError(LorafleetError):
+    """A desired adapter that no live instance of its base model can take (its rank exceeds
+    their ``--max-lora-rank``): no load is tried. 424: retrying at once cannot help."""
+
+    code: ClassVar[str] = "adapter_unplaceable"
+    param = "model"
+
+    def __init__(self, adapter: str, reason: str) -> None:
+        self.adapter = adapter
+        self.reason = reason
+        super().__init__(f"Adapter {adapter!r} cannot be loaded on any live instance: {reason}")
 
 
 class LoadQueueFullError(CapacityError):

@@ -17,7 +17,7 @@ from typing import Final
 
 from lorafleet.frontend.fleet_loads import FleetLoads
 from lorafleet.proto.adapters import AdapterLoadError
-from lorafleet.proto.errors import LorafleetError
+from lorafleet.proto.errors import AdapterRankError, LorafleetError
 from lorafleet.proto.fleet_load import LoadFailure
 from lorafleet.proto.uris import public_uris_in
 
@@ -79,8 +79,11 @@ class LoadFailures:
         self._own.pop(adapter, None)
 
     def last(self, adapter: str) -> Failure | None:
-        """The newest failure of ``adapter`` that a worker lists or this frontend holds."""
-        found = [Failure(i, failure) for i, failure in self._loads.failures(adapter).items()]
+        """The newest failure of ``adapter`` that a worker lists or this frontend holds. A
+        refusal for its rank is the instance's limit, not the adapter's failure: another
+        instance may take it, or it is ``unplaceable`` (``frontend.adapter_takers``)."""
+        found = [Failure(i, failure) for i, failure in self._loads.failures(adapter).items()
+                 if failure.code != AdapterRankError.code]  # fmt: skip
         own = self._own.get(adapter)
         if own is not None and own.hold_until > time.time():
             found.append(own)

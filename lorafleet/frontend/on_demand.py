@@ -1,7 +1,9 @@
 """Load a desired adapter that no live instance has, on the least-loaded instance, once.
 
 The instances serving the adapter's base model with LoRA management on (their
-base card's ``runtime_config.enable_lora``) are tried with the lifecycle's
+base card's ``runtime_config.enable_lora``) whose ``max_lora_rank`` admits the
+adapter's rank (``adapter_takers.py``; none: ``AdapterUnplaceableError``, no load
+tried; a refusal for its rank teaches it and goes on) are tried with the lifecycle's
 ``load_lora`` over NATS, carrying the workers' token (``DYN_SYSTEM_AUTH_TOKEN``)
 when one is set: one already loading the adapter first, then those with a free
 slot, by fewest requests in flight, then the full ones whose eviction costs
@@ -26,9 +28,11 @@ from typing import Final
 import structlog
 
 from lorafleet.fleet.placement import IN_USE_RPS, LOAD_BOUND_EPS, rendezvous_order
+from lorafleet.frontend.adapter_takers import AdapterTakers
 from lorafleet.frontend.dispatcher import DispatchSettings
 from lorafleet.frontend.errors import (
     AdapterLoadFailedError,
+    AdapterUnplaceableError,
     BaseModelUnavailableError,
     InstanceLostError,
     LoadQueueFullError,
@@ -47,6 +51,7 @@ from lorafleet.process.tasks import cancel_and_wait
 from lorafleet.proto.adapters import AdapterSpec, LoadLoraRequest
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.errors import (
+    AdapterRankError,
     CapacityError,
     ErrorInfo,
     LorafleetError,
@@ -141,6 +146,8 @@ class OnDemandLoader:
         self.queue_limit = queue_limit
         self._settings = settings or DispatchSettings()
         self._headers = bearer_header(worker_token)
+        self.takers = AdapterTakers(registry, loads)
+        """Which instances can take each adapter (its rank); ``AdapterStates`` asks too."""
         self._loads: dict[str, asyncio.Task[ServedModel]] = {}
         self._waiting: dict[str, int] = {}
 
@@ -240,37 +247,45 @@ class OnDemandLoader:
         base = self._registry.get(spec.base_model)
         if base is None or base.parent is not None:
             raise BaseModelUnavailableError(spec.name, spec.base_model)
-        by_id = {
-            instance.instance_id: instance
-            for instance in base.instances
-            if self._manages_adapters(base.name, instance.instance_id)
-        }
+        self._raise_if_unplaceable(spec)
+        takers = set(self.takers.takers(spec))  # loads adapters, and admits its rank
+        by_id = {i.instance_id: i for i in base.instances if i.instance_id in takers}
         order = least_loaded_first(rendezvous_order(spec.name, by_id), self._fleet, spec.name)
         last: LorafleetError | None = None
         full: list[int] = []
         for evict_placed, instances in ((False, order), (True, full)):
             for instance_id in instances:
+                if instance_id not in self.takers.takers(spec):
+                    continue  # a refusal since taught us its rank is too large here
                 try:
                     await self._load_on(by_id[instance_id], spec, evict_placed=evict_placed)
                 except InstanceLostError as exc:
                     last = exc
                 except WorkerError as exc:
-                    if exc.error.code not in TRY_NEXT_CODES:
-                        raise
-                    last = exc
+                    last = self._next_or_raise(spec, instance_id, exc)
                     if exc.error.code == CapacityError.code and not evict_placed:
                         full.append(instance_id)
                 else:
                     return instance_id
                 log.info("on-demand load goes to the next instance", adapter=spec.name,
                          instance=f"{instance_id:x}", reason=last.message)  # fmt: skip
+        self._raise_if_unplaceable(spec)  # every instance refused it for its rank
         raise last or BaseModelUnavailableError(spec.name, spec.base_model)
 
-    def _manages_adapters(self, base_model: str, instance_id: int) -> bool:
-        """Whether the instance's base card says it loads adapters (``--enable-lora`` and
-        ``DYN_LORA_ENABLED``): asking the others only costs a 404 each."""
-        card = self._registry.card_on(base_model, instance_id)
-        return card is not None and card.enable_lora
+    def _raise_if_unplaceable(self, spec: AdapterSpec) -> None:
+        """No load at all when no live instance can take ``spec`` (its rank): say why."""
+        reason = self.takers.unplaceable(spec)
+        if reason:
+            raise AdapterUnplaceableError(spec.name, reason)
+
+    def _next_or_raise(self, spec: AdapterSpec, instance_id: int, exc: WorkerError) -> WorkerError:
+        """``exc`` when another instance may load ``spec`` (and a refusal for its rank
+        learned); raise it when no other can."""
+        if exc.error.code == AdapterRankError.code:
+            self.takers.refused(spec, instance_id)
+        elif exc.error.code not in TRY_NEXT_CODES:
+            raise exc
+        return exc
 
     async def _load_on(self, instance: Instance, spec: AdapterSpec, *, evict_placed: bool) -> None:
         """Ask ``instance`` to load ``spec``; raises ``WorkerError`` or ``InstanceLostError``."""

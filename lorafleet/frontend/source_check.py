@@ -24,7 +24,7 @@ URL_SCHEMES: Final = frozenset({"http", "https"})
 
 def check_source(name: str, uri: str, *, max_rank: int) -> None:
     """Raise ``InvalidRequestError`` naming the problem when ``uri`` cannot be adapter
-    ``name``'s source; ``max_rank`` is the lowest rank limit of the instances (0: unknown)."""
+    ``name``'s source; ``max_rank`` is the largest rank limit of the instances (0: unknown)."""
     parts = split_uri(uri)
     if parts is None:
         raise InvalidRequestError(

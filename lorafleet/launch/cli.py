@@ -124,6 +124,10 @@ def _up_parser(up: argparse.ArgumentParser) -> None:
     up.add_argument("--engine-option", action="append", default=[], metavar="KEY=JSON",
                     help="an engine option passed to each worker as --engine-option "
                          "(repeatable; lorafleet worker --help lists them)")  # fmt: skip
+    up.add_argument("--replace", action="store_true",
+                    help="stop what an earlier lorafleet up in the same state dir left running "
+                         "(its cluster.json names it) without asking; on a terminal up asks, "
+                         "elsewhere it refuses to start without this flag")  # fmt: skip
     up.add_argument("--secure", action="store_true",
                     help="generate certificates, users and passwords under STATE_DIR/secure: "
                          "etcd with TLS and auth, NATS with authorization "
@@ -312,6 +316,7 @@ def _up(args: argparse.Namespace) -> int:
         workers=args.workers, http_port=args.http_port, system_port=args.system_port,
         namespace=args.namespace, state_dir=args.state_dir, secure=args.secure, host=args.host,
         extra_adapters=dict(args.adapter), engine_options=tuple(args.engine_option),
+        replace=args.replace,
     )  # fmt: skip
     return run_cluster(options)
 

@@ -1,12 +1,14 @@
 """``lorafleet up``: a whole local cluster on one machine, stopped cleanly by Ctrl-C.
 
-Checks its HTTP ports first (a taken one stops it before anything starts),
-starts etcd and NATS from the pip-installed binaries (on other ports when 2379 or
-4222 are taken), a frontend and workers as child processes (their output
-prefixed by process name), confirms the workers answering are its own, records
-the endpoints in ``<state dir>/cluster.json`` for the other commands, declares
-its adapters (the demo's, and ``--adapter`` ones) in the fleet's desired state
-through the frontend's ``/v1/adapters`` with ``replicas: "all"``, as compose
+Stops what an earlier ``up`` in the same state directory left running (asked on a
+terminal, or ``--replace``; ``launch.leftovers``), checks its HTTP ports (a taken one
+stops it before anything starts), starts etcd and NATS from the pip-installed binaries
+(on other ports when 2379 or 4222 are taken), a frontend and workers as child
+processes (their output prefixed by process name; all of them die with ``up``, even
+on SIGKILL), confirms the workers answering are its own, records the endpoints and
+pids in ``<state dir>/cluster.json`` for the other commands, declares its adapters
+(the demo's, and ``--adapter`` ones) in the fleet's desired state through the
+frontend's ``/v1/adapters`` with ``replicas: "all"``, as compose
 does, waits until every worker has them, and prints what to try.
 """
 
@@ -16,6 +18,7 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -33,9 +36,10 @@ from lorafleet.discovery.client import connect_etcd
 from lorafleet.discovery.keys import DEFAULT_NAMESPACE, adapters_prefix
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.admin import instances
-from lorafleet.launch.cluster_state import ClusterState, remove_state, write_state
+from lorafleet.launch.cluster_state import ChildProcess, ClusterState, remove_state, write_state
 from lorafleet.launch.errors import ClusterNotReadyError
 from lorafleet.launch.file_roots import file_roots_env
+from lorafleet.launch.leftovers import command_line, stop_leftovers
 from lorafleet.launch.local_servers import LocalServer, free_port, start_etcd, start_nats
 from lorafleet.launch.ports import is_free, require_free
 from lorafleet.launch.processes import (
@@ -70,6 +74,7 @@ class ClusterOptions:
         ClusterOptions(engine_options=("enforce_eager=true",))          # each worker's option
         ClusterOptions(secure=True)                        # NATS with authorization
         ClusterOptions(host="0.0.0.0")                     # reachable from the network
+        ClusterOptions(replace=True)                       # stop an earlier run's leftovers
     """
 
     engine: str = "hf"
@@ -94,10 +99,13 @@ class ClusterOptions:
     secure: bool = False
     """Generate certificates, users and passwords under ``state_dir/secure``: etcd with TLS
     and auth, NATS with ``deploy/nats/auth.conf``."""
+    replace: bool = False
+    """Stop what an earlier ``up`` in ``state_dir`` left running without asking (``--replace``)."""
 
 
 def run_cluster(options: ClusterOptions) -> int:
     """Run the cluster until Ctrl-C or SIGTERM; returns the exit code."""
+    stop_leftovers(options.state_dir, replace=options.replace)
     require_free(_http_ports(options))
     model, adapters = _model_and_adapters(options)
     stop = threading.Event()
@@ -126,7 +134,9 @@ def run_cluster(options: ClusterOptions) -> int:
         _wait_ready(children)
         frontend, workers = children[0], children[1:]
         worker_urls = [worker.url for worker in workers]
-        _record_state(options, stack, worker_urls, nats.url, etcd_settings)
+        started = [(server.name, server.process) for server in (etcd, nats)]
+        started += [(child.name, child.process) for child in children]
+        _record_state(options, stack, worker_urls, nats.url, etcd_settings, started)
         _declare_adapters(frontend.url, options, adapters)
         _print_next_steps(options, frontend.url, worker_urls, adapters, etcd, etcdctl_flags)
         try:
@@ -141,17 +151,24 @@ def run_cluster(options: ClusterOptions) -> int:
 
 def _record_state(
     options: ClusterOptions, stack: ExitStack, worker_urls: list[str], nats_url: str,
-    etcd: EtcdSettings,
+    etcd: EtcdSettings, started: list[tuple[str, subprocess.Popen[bytes]]],
 ) -> None:  # fmt: skip
     """Write ``cluster.json`` once the workers proved their own; removed when ``stack`` ends."""
+    processes = [ChildProcess(name=name, pid=process.pid, command=_program(process.pid))
+                 for name, process in started]  # fmt: skip
     state = ClusterState(
         pid=os.getpid(), namespace=options.namespace,
         frontend_url=f"http://127.0.0.1:{options.http_port}", worker_urls=worker_urls,
         nats_url=nats_url, etcd_env=etcd.env(),
-        instance_ids=_own_instances(worker_urls, etcd, options.namespace),
+        instance_ids=_own_instances(worker_urls, etcd, options.namespace), processes=processes,
     )  # fmt: skip
     write_state(options.state_dir, state)
     stack.callback(remove_state, options.state_dir)
+
+
+def _program(pid: int) -> str:
+    """The program ``pid`` runs now, as ``ps`` shows it (after any launcher's exec)."""
+    return command_line(pid).split(" ", 1)[0]
 
 
 def _http_ports(options: ClusterOptions) -> dict[str, int]:

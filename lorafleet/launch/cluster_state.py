@@ -1,8 +1,9 @@
 """The state file of the cluster ``lorafleet up`` runs: where its servers listen.
 
 ``lorafleet up`` writes ``<state dir>/cluster.json`` once its processes are ready
-and removes it when it stops; ``lorafleet lora``, ``models`` and ``status`` read it
-so that they reach that cluster even when etcd or NATS moved to another port.
+and removes it when it stops (a file left by a killed ``up`` names the processes a
+later ``up`` must stop first: ``launch.leftovers``); ``lorafleet lora``, ``models``
+and ``status`` read it so that they reach that cluster even when etcd or NATS moved to another port.
 Flags and environment variables still win over it.
 """
 
@@ -16,9 +17,28 @@ import msgspec
 
 from lorafleet.process.pids import pid_alive
 
-__all__ = ["ClusterState", "STATE_FILE_NAME", "read_state", "remove_state", "write_state"]
+__all__ = [
+    "ChildProcess",
+    "ClusterState",
+    "STATE_FILE_NAME",
+    "read_recorded_state",
+    "read_state",
+    "remove_state",
+    "write_state",
+]
 
 STATE_FILE_NAME: Final = "cluster.json"
+
+
+class ChildProcess(msgspec.Struct, kw_only=True, frozen=True):
+    """One process ``lorafleet up`` started: what a later ``up`` stops if it is left over."""
+
+    name: str
+    """As ``up`` prints it: ``etcd``, ``nats``, ``frontend``, ``worker-0``, ..."""
+    pid: int
+    command: str
+    """Its program as ``ps`` showed it once ready; a pid whose command line lacks it was
+    reused by another program."""
 
 
 class ClusterState(msgspec.Struct, kw_only=True, frozen=True):
@@ -33,6 +53,8 @@ class ClusterState(msgspec.Struct, kw_only=True, frozen=True):
     etcd_env: dict[str, str]
     """The ``ETCD_*`` variables of its etcd (TLS files and user under ``--secure``)."""
     instance_ids: list[str] = msgspec.field(default_factory=list)
+    processes: list[ChildProcess] = msgspec.field(default_factory=list)
+    """Every process it started (servers first), for ``launch.leftovers``."""
 
 
 def write_state(state_dir: Path, state: ClusterState) -> Path:
@@ -48,11 +70,17 @@ def write_state(state_dir: Path, state: ClusterState) -> Path:
 
 def read_state(state_dir: Path) -> ClusterState | None:
     """The state of a live ``lorafleet up`` in ``state_dir``; None when none runs there."""
+    state = read_recorded_state(state_dir)
+    return state if state is not None and pid_alive(state.pid) else None
+
+
+def read_recorded_state(state_dir: Path) -> ClusterState | None:
+    """The state file in ``state_dir`` even when its ``lorafleet up`` is gone (a crash, a
+    SIGKILL leaves it behind); None when there is none or it cannot be read."""
     try:
-        state = msgspec.json.decode((state_dir / STATE_FILE_NAME).read_bytes(), type=ClusterState)
+        return msgspec.json.decode((state_dir / STATE_FILE_NAME).read_bytes(), type=ClusterState)
     except (OSError, msgspec.DecodeError):
         return None
-    return state if pid_alive(state.pid) else None
 
 
 def remove_state(state_dir: Path) -> None:

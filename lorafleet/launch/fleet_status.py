@@ -70,6 +70,8 @@ def describe(status: dict[str, Any], wait_s: float = DEFAULT_APPLY_WAIT_S) -> st
         )
     if state == "cold":
         return f"{name}: cold: loaded on its first request (min_replicas 0)"
+    if state == "unplaceable":
+        return f"{name}: unplaceable: {status['unplaceable']}"
     where = f" on {', '.join(status['loading'])}" if status.get("loading") else ""
     warnings = "".join(f"; {warning}" for warning in status.get("warnings", []))
     return f"{name}: still {state}{where} after {wait_s:g} s{warnings}"
@@ -112,9 +114,11 @@ def _short(digest: str) -> str:
 
 
 def _detail(status: dict[str, Any]) -> str:
-    """The failed load's error, when and why placement evicted an unmanaged adapter, or the
-    copies its latency targets added and why."""
+    """Why no instance can take it, the failed load's error, when and why placement evicted
+    an unmanaged adapter, or the copies its latency targets added and why."""
     error, evicted, slo = status.get("error"), status.get("evicted"), status.get("attainment")
+    if status.get("unplaceable"):
+        return str(status["unplaceable"])
     if error:
         return f"{error['code']}: {error['message']}"
     if evicted:

@@ -1,7 +1,8 @@
 """Start local etcd and NATS servers from the pip-installed binaries, on free ports.
 
 Used by the test fixtures, the benchmarks and ``lorafleet up``; no Docker needed.
-Each server gets its own data directory and log file and is stopped by PID.
+Each server gets its own data directory and log file and is stopped by PID; it dies
+with the process that started it (``process.parent_death``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
+
+from lorafleet.process.parent_death import die_with_parent
 
 if TYPE_CHECKING:
     from lorafleet.launch.tls_files import TlsFiles
@@ -296,8 +299,8 @@ def launch(
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, **(env or {})},
+            die_with_parent(args), stdout=log, stderr=subprocess.STDOUT,  # gone with us
+            stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})},
         )  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
     return LocalServer(name, url, port, data_dir, log_path, process, args, health_url, env or {})

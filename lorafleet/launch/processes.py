@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from lorafleet.launch.local_servers import stop_process
+from lorafleet.process.parent_death import die_with_parent, parent_pid_env
 
 __all__ = [
     "ServiceProcess",
@@ -138,7 +139,8 @@ def spawn_service(
     ``host`` is where its HTTP server listens.
 
     The child gets its own session, so a Ctrl-C in the terminal reaches only
-    us and we stop our children in order.
+    us and we stop our children in order; it dies with us even when we are
+    SIGKILLed (``process.parent_death``: start it from the main thread).
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     if log_path is None:
@@ -165,8 +167,8 @@ def _popen(
     argv: list[str], env: dict[str, str], stdout: int | IO[bytes]
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        argv, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True,
+        die_with_parent(argv), stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**env, **parent_pid_env()}, start_new_session=True,
     )  # fmt: skip
 
 

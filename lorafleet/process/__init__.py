@@ -30,6 +30,12 @@ from lorafleet.process.logs import (
     configure_logging,
     console_renderer,
 )
+from lorafleet.process.parent_death import (
+    PARENT_PID_VARIABLE,
+    die_with_parent,
+    parent_pid_env,
+    watch_parent,
+)
 from lorafleet.process.pids import (
     pid_alive,
 )
@@ -77,6 +83,7 @@ __all__ = [
     "HeaderTimeoutProtocol",
     "HelpFormatter",
     "NON_NEGATIVE",
+    "PARENT_PID_VARIABLE",
     "PORT",
     "POSITIVE",
     "RECANCEL_S",
@@ -94,8 +101,10 @@ __all__ = [
     "configure_logging",
     "console_renderer",
     "declared",
+    "die_with_parent",
     "groups",
     "lorafleet_version",
+    "parent_pid_env",
     "parse_settings",
     "pid_alive",
     "python_version",
@@ -105,5 +114,6 @@ __all__ = [
     "settings_from_env",
     "shown_default",
     "walk",
+    "watch_parent",
     "with_header_timeout",
 ]

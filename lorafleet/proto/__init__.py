@@ -55,6 +55,7 @@ from lorafleet.proto.discovery import (
 )
 from lorafleet.proto.errors import (
     HTTP_STATUS_BY_CODE,
+    AdapterRankError,
     CapacityError,
     ConflictError,
     ErrorInfo,
@@ -224,6 +225,7 @@ __all__ = [
     "AdapterEviction",
     "AdapterList",
     "AdapterLoadError",
+    "AdapterRankError",
     "AdapterSpec",
     "AdapterState",
     "AdapterStatus",

@@ -60,10 +60,13 @@ Sha256 = Annotated[
     ),
 ]
 _NAME_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-AdapterState = Literal["placed", "loading", "failed", "pending", "cold", "unmanaged", "evicted"]
-"""Where an adapter stands (``docs/fleet.md``, "Adapter status"): the first five for a
-desired one; ``unmanaged`` for one loaded straight onto workers (not in the desired state),
-``evicted`` for such an adapter that placement evicted (its source and digest are kept)."""
+AdapterState = Literal[
+    "placed", "loading", "failed", "pending", "cold", "unplaceable", "unmanaged", "evicted"
+]
+"""Where an adapter stands (``docs/fleet.md``, "Adapter status"): the first six for a
+desired one (``unplaceable``: no live instance of its base model can take it);
+``unmanaged`` for one loaded straight onto workers (not in the desired state), ``evicted``
+for such an adapter that placement evicted (its source and digest are kept)."""
 
 
 class LoraSource(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -197,8 +200,9 @@ class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
     warnings: list[str] = msgspec.field(default_factory=list)
     """Why the adapter may not be served yet (e.g. no live instance serves its base model)."""
     state: AdapterState = "pending"
-    """``placed``, ``loading``, ``failed``, ``pending`` (placement will load it) or ``cold``
-    (``min_replicas`` 0: the first request loads it)."""
+    """``placed``, ``loading``, ``failed``, ``pending`` (placement will load it), ``cold``
+    (``min_replicas`` 0: the first request loads it) or ``unplaceable`` (no live instance
+    can take it: nobody tries)."""
     loading: list[str] = msgspec.field(default_factory=list)
     """Hex ids of the instances loading it now."""
     demand: float = 0.0
@@ -211,6 +215,9 @@ class AdapterStatus(AdapterSpec, kw_only=True, frozen=True):
     first instance's."""
     evicted: AdapterEviction | None = None
     """While ``state`` is ``evicted``: when placement evicted it, where, and why."""
+    unplaceable: str = ""
+    """While ``state`` is ``unplaceable``: why no live instance can take it (its rank
+    against theirs), and what to do."""
     attainment: SloAttainment | None = None
     """With ``slo`` targets: the fleet's last judged window, and the copies the targets
     added and why."""

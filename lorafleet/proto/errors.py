@@ -4,6 +4,7 @@ Hierarchy (each package adds its own in its own ``errors.py``)::
 
     LorafleetError                 code "internal_error"
     ├── InvalidRequestError        code "invalid_request"   (HTTP 400)
+    │   └── AdapterRankError       code "adapter_rank_too_large" (HTTP 400)
     ├── UnauthorizedError          code "unauthorized"      (HTTP 401)
     ├── NotFoundError              code "not_found"         (HTTP 404)
     ├── ConflictError              code "conflict"          (HTTP 409)
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 import msgspec
 
 __all__ = [
+    "AdapterRankError",
     "CapacityError",
     "ConflictError",
     "ErrorInfo",
@@ -76,6 +78,14 @@ class InvalidRequestError(LorafleetError):
     """The caller sent something malformed; the message names the field."""
 
     code: ClassVar[str] = "invalid_request"
+
+
+class AdapterRankError(InvalidRequestError):
+    """An engine refused an adapter whose LoRA rank exceeds its ``--max-lora-rank``: placement
+    and on-demand loads learn from this code that the instance (and any with a limit no
+    higher) cannot take it (``fleet.adapter_fit``)."""
+
+    code: ClassVar[str] = "adapter_rank_too_large"
 
 
 class UnauthorizedError(LorafleetError):
@@ -154,6 +164,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
     for cls in (
         LorafleetError,
         InvalidRequestError,
+        AdapterRankError,
         UnauthorizedError,
         NotFoundError,
         ConflictError,
@@ -169,6 +180,7 @@ _BY_CODE: dict[str, type[LorafleetError]] = {
 
 HTTP_STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 400,
+    "adapter_rank_too_large": 400,
     "unauthorized": 401,
     "not_found": 404,
     "conflict": 409,
@@ -178,6 +190,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "rate_limited": 429,  # a tenant over its request, token or concurrency limit
     "forbidden": 403,
     "adapter_load_failed": 424,  # the adapter's load failed; retrying at once cannot help
+    "adapter_unplaceable": 424,  # no live instance can take the adapter (its rank)
     "internal_error": 500,
     "upstream_error": 502,
     "unavailable": 503,

@@ -34,6 +34,9 @@ class LoadFailure(msgspec.Struct, kw_only=True, frozen=True):
     """Failed attempts in a row; the retry delay grows with it (``process.backoff``)."""
     retry_at: float = 0.0
     """When placement tries again, seconds since the epoch (0: not retried)."""
+    uri: str = ""
+    """The source that failed, redacted: a refusal for its rank (``adapter_rank_too_large``)
+    holds for this source only (``fleet.adapter_fit``)."""
 
 
 class EvictedAdapter(msgspec.Struct, kw_only=True, frozen=True):

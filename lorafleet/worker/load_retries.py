@@ -91,7 +91,7 @@ class LoadRetries:
         message = redact_uris_in(exc.message)
         self._failures[name] = LoadFailure(
             code=exc.code, message=message, at=now, attempts=attempts,
-            retry_at=0.0 if delay_s is None else now + delay_s,
+            retry_at=0.0 if delay_s is None else now + delay_s, uri=redact_uri(uri),
         )  # fmt: skip
         same = previous is not None and (previous.code, previous.message) == (exc.code, message)
         report = log.debug if same else log.warning

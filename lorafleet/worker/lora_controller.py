@@ -186,6 +186,11 @@ class LoraController:
         return self._max_loras
 
     @property
+    def max_lora_rank(self) -> int:
+        """The largest adapter rank the engine takes (its card's; 0: it says none)."""
+        return self._base_card.runtime_config.max_lora_rank
+
+    @property
     def loaded(self) -> list[str]:
         """Names of the adapters that serve requests now, sorted."""
         return sorted(name for name, r in self.records.items() if r.serving is not None)

@@ -5,11 +5,11 @@ peers (``v1/mdc/{ns}/``), their load records (``v1/load/{ns}/``) and the copies 
 adapters' missed latency targets added (``v1/slo/{ns}/copies/``, ``fleet.slo``), computes
 the same plan as every other worker (``fleet.placement.plan_copies``: copies from
 fleet demand, rendezvous order with loads bounded by count and by demand, held copies
-stay) and
-converges by itself; there is no coordinator. Loads and unloads go through the
-same ``LoraController`` as the admin routes (locks, publish, rollback); failed
-loads back off (``worker.load_retries``); ``worker.load_report`` publishes this
-worker's slots, demand and failures.
+stay; each adapter only on instances whose ``--max-lora-rank`` admits it,
+``fleet.adapter_fit``) and converges by itself; there is no coordinator. Loads and
+unloads go through the same ``LoraController`` as the admin routes (locks, publish,
+rollback); failed loads back off (``worker.load_retries``); ``worker.load_report``
+publishes this worker's slots, demand and failures.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import contextlib
 import enum
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeAlias
 
@@ -36,6 +36,7 @@ from lorafleet.discovery.keys import (
 )
 from lorafleet.discovery.lease import LeaseKeeper
 from lorafleet.discovery.watch_cache import WatchCache
+from lorafleet.fleet.adapter_fit import RankCache, can_take, least_rank
 from lorafleet.fleet.placement import IN_USE_RPS, RendezvousCache, chosen_instances, plan_copies
 from lorafleet.fleet.slo import slo_floor
 from lorafleet.process.settings import NON_NEGATIVE, POSITIVE, Settings, setting
@@ -48,10 +49,16 @@ from lorafleet.proto.adapters import (
     expected_digest,
     replica_bounds,
 )
-from lorafleet.proto.discovery import ModelDeploymentCard, decode_card
-from lorafleet.proto.errors import CapacityError, LorafleetError, UnavailableError
+from lorafleet.proto.discovery import ModelDeploymentCard, RuntimeConfig, decode_card
+from lorafleet.proto.errors import (
+    AdapterRankError,
+    CapacityError,
+    LorafleetError,
+    UnavailableError,
+)
 from lorafleet.proto.fleet_load import InstanceLoad, decode_instance_load
 from lorafleet.proto.slo import SloCopies, decode_slo_copies
+from lorafleet.proto.uris import redact_uri
 from lorafleet.worker.adapter_record import Role
 from lorafleet.worker.copy_targets import CopyTargets
 from lorafleet.worker.demand import DemandMeter
@@ -176,6 +183,7 @@ class Placement:
         self._targets = CopyTargets(copy_rps=settings.copy_rps, cooldown_s=settings.cooldown_s)
         self._retries = LoadRetries()
         self._orders = RendezvousCache()
+        self._ranks = RankCache()
         self._placed: set[str] = set()
         self._changed = asyncio.Event()
         self._report: LoadReport | None = None
@@ -223,12 +231,44 @@ class Placement:
     def peers(self) -> dict[int, int]:
         """Live instances (this one included) serving the same base model with adapters,
         with their adapter slots."""
-        peers = {self._instance_id: self._controller.max_loras}
+        return {iid: limits.max_loras for iid, limits in self._peer_limits().items()}
+
+    def _peer_limits(self) -> dict[int, RuntimeConfig]:
+        """The limits (slots, largest rank) of the live instances serving the same base
+        model with adapters, this one included, from their base cards."""
+        controller = self._controller
+        limits = {self._instance_id: RuntimeConfig(max_loras=controller.max_loras,
+                  max_lora_rank=controller.max_lora_rank, enable_lora=True)}  # fmt: skip
         for key, card in self._cards.items.items():
             same_base = card.lora is None and card.display_name == self._base_model
             if same_base and card.runtime_config.enable_lora:
-                peers[parse_card_key(key)[1]] = card.runtime_config.max_loras
-        return peers
+                limits[parse_card_key(key)[1]] = card.runtime_config
+        return limits
+
+    def takers(self, specs: Mapping[str, AdapterSpec]) -> dict[str, list[int]]:
+        """Adapter -> the live instances of this base model that can take it: its rank (from
+        its files where visible, else learned from refusals of its source) within their
+        limit (``fleet.adapter_fit``)."""
+        ranks = {iid: limits.max_lora_rank for iid, limits in self._peer_limits().items()}
+        refused = self._rank_refusals()
+        takers = {}
+        for name, spec in specs.items():
+            uri = redact_uri(spec.source.uri)
+            limits = [ranks[iid] for iid, at in refused.get(name, ()) if at == uri and iid in ranks]
+            takers[name] = can_take(least_rank(self._ranks.rank(spec.source.uri), limits), ranks)
+        return takers
+
+    def _rank_refusals(self) -> dict[str, list[tuple[int, str]]]:
+        """Adapter -> (instance, source) of each refusal for its rank: this worker's and its
+        peers' (their load records)."""
+        failed = [(self._instance_id, self._retries.failures)]
+        failed += [(parse_load_key(key)[1], load.failed) for key, load in self._loads.items.items()]
+        refused: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for iid, failures in failed:
+            for name, failure in failures.items():
+                if failure.code == AdapterRankError.code:
+                    refused[name].append((iid, failure.uri))
+        return refused
 
     def demand_rps(self, name: str) -> float:
         """Requests per second for ``name`` across the fleet: the peers' load records, and
@@ -272,20 +312,24 @@ class Placement:
         peers = self.peers()
         self._targets.retain(specs)
         self._orders.retain(specs)
+        self._ranks.retain({spec.source.uri for spec in specs.values()})
+        takers = self.takers(specs)
         if self._settings.policy is PlacementPolicy.RENDEZVOUS:
             return {
-                name: chosen_instances(name, replica_bounds(spec)[0], peers)
+                name: chosen_instances(name, replica_bounds(spec)[0], takers[name])
                 for name, spec in specs.items()
             }  # fmt: skip
         slo = {record.name: record for record in self._slo_copies.items.values()}
         copies = {
-            name: self._target(spec, len(peers), self.demand_rps(name), slo.get(name))
+            name: self._target(spec, len(takers[name]), self.demand_rps(name), slo.get(name))
             for name, spec in specs.items()
         }
         held = self._held(peers)
         held[self._instance_id] |= set(self._controller.loaded)  # before its card shows
         demand = self._published_demand(specs)
-        return plan_copies(copies, peers, held=held, demand=demand, cache=self._orders)
+        allowed = {name: where for name, where in takers.items() if len(where) < len(peers)}
+        return plan_copies(copies, peers, held=held, demand=demand, cache=self._orders,
+                           allowed=allowed)  # fmt: skip
 
     def _published_demand(self, names: Iterable[str]) -> dict[str, float]:
         """Fleet demand per adapter from the load records alone, this worker's included:
@@ -333,7 +377,9 @@ class Placement:
             {n: Assignment(placed=n in mine, pinned=s.pinned) for n, s in specs.items()}
         )
         loaded = set(controller.loaded)
-        self._retries.retain(mine | (loaded & specs.keys()))
+        refused = {name for name, failure in self._retries.failures.items()
+                   if failure.code == AdapterRankError.code and name in specs}  # fmt: skip
+        self._retries.retain(mine | (loaded & specs.keys()) | refused)  # a refusal stays known
         self._placed |= mine & loaded
         for name in sorted(mine | (loaded & specs.keys())):  # a changed source: swap versions
             swap = name in loaded and self._source_changed(specs[name])

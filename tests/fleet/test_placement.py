@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from lorafleet.fleet.placement import (
     LOAD_BOUND_EPS,
     RendezvousCache,
@@ -178,3 +180,16 @@ def test_a_held_copy_moves_only_when_its_instance_is_well_past_its_share() -> No
     assert _held(plan_with(3.0)) == held  # 6 of 8 req/s: within 1.5x its share of 4
     moved = plan_with(4.0)  # 8 of 10 req/s: past 1.5x its share of 5
     assert moved["a"] == [1] and moved["b"] == [2]
+
+
+@pytest.mark.parametrize("copies", [1, 2, 3])
+def test_an_adapter_goes_only_where_allowed_whatever_the_copies_asked(copies: int) -> None:
+    plan = plan_copies({"wide": copies, "narrow": 3}, {1: 2, 2: 2, 3: 2}, allowed={"wide": [3]})
+    assert plan["wide"] == [3]
+    assert sorted(plan["narrow"]) == [1, 2, 3]
+
+
+def test_a_full_allowed_instance_hands_its_copy_to_one_with_room() -> None:
+    for first in ("a", "b", "c", "d"):  # whichever instance rendezvous gives it first
+        plan = plan_copies({first: 1, "wide": 1}, {1: 1, 2: 1}, allowed={"wide": [2]})
+        assert plan == {first: [1], "wide": [2]}

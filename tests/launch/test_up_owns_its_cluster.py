@@ -78,6 +78,27 @@ def test_up_with_its_http_port_taken_exits_1_naming_the_port_and_starts_nothing(
     assert list(tmp_path.iterdir()) == []  # no state dir, no etcd data, no cluster.json
 
 
+def start_up(
+    cwd: Path, *flags: str, ports: tuple[int, int], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``lorafleet up --engine mocker [flags]`` in ``cwd`` on ``ports`` (HTTP, status), once
+    it says it is ready; its output is drained from then on."""
+    http_port, system_port = ports
+    argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
+            "--system-port", str(system_port), *flags]  # fmt: skip
+    up = subprocess.Popen(argv, cwd=cwd, env=_user_env() if env is None else env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    assert up.stdout is not None
+    lines = []
+    for line in up.stdout:
+        lines.append(line)
+        if line.startswith("Press Ctrl-C"):
+            threading.Thread(target=drain, args=(up.stdout,), daemon=True).start()
+            return up
+    up.wait()
+    raise AssertionError("lorafleet up exited:\n" + "".join(lines[-40:]))
+
+
 @contextmanager
 def running_up(
     cwd: Path,
@@ -87,22 +108,10 @@ def running_up(
 ) -> Iterator[tuple[int, int]]:
     """``lorafleet up --engine mocker [flags]`` in ``cwd`` on ``ports`` (HTTP, status; free
     ones by default) until ready; Ctrl-C when the block ends, which must exit 0."""
-    http_port, system_port = ports or (free_port(), free_port())
-    argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
-            "--system-port", str(system_port), *flags]  # fmt: skip
-    up = subprocess.Popen(argv, cwd=cwd, env=_user_env() if env is None else env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    ports = ports or (free_port(), free_port())
+    up = start_up(cwd, *flags, ports=ports, env=env)
     try:
-        assert up.stdout is not None
-        lines = []
-        for line in up.stdout:
-            lines.append(line)
-            if line.startswith("Press Ctrl-C"):
-                threading.Thread(target=drain, args=(up.stdout,), daemon=True).start()
-                break
-        else:
-            raise AssertionError("lorafleet up exited:\n" + "".join(lines[-40:]))
-        yield http_port, system_port
+        yield ports
     finally:
         up.send_signal(signal.SIGINT)
         assert up.wait(STOP_WAIT_S) == 0

@@ -22,10 +22,14 @@ from tests.worker.adapters import make_adapter_dir
 Holders = dict[str, set[int]]
 
 
-async def put_spec(etcd, namespace: str, root: Path, name: str, **bounds: object) -> AdapterSpec:
-    """Write ``name``'s desired state (an adapter directory under ``root``) into etcd."""
-    uri = f"file://{make_adapter_dir(root, name)}"
-    spec = AdapterSpec(name=name, base_model="demo", source=LoraSource(uri=uri), **bounds)
+async def put_spec(
+    etcd, namespace: str, root: Path, name: str, *, base_model: str = "demo", rank: int = 8,
+    **bounds: object,
+) -> AdapterSpec:  # fmt: skip
+    """Write ``name``'s desired state (an adapter directory under ``root`` of LoRA ``rank``,
+    for ``base_model``) into etcd."""
+    uri = f"file://{make_adapter_dir(root, name, base_model, rank=rank)}"
+    spec = AdapterSpec(name=name, base_model=base_model, source=LoraSource(uri=uri), **bounds)
     await etcd.put(adapter_key(namespace, lora_slug(name)).encode(), msgspec.json.encode(spec))
     return spec
 

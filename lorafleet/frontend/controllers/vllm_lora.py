@@ -87,15 +87,16 @@ def _loaded(
 
 
 def _max_rank(base_model: str, registry: ModelRegistry) -> int:
-    """The lowest rank limit the base model's instances publish (0: none says one)."""
+    """The largest rank limit of the base model's instances: an adapter above it fits none
+    (0: unknown, or an instance says no limit). Workers that differ: one that fits only the
+    larger instances goes there (``fleet.adapter_fit``), so the smallest limit refuses nothing."""
     base = registry.get(base_model)
     ranks = [
         card.max_lora_rank
         for instance in (base.instances if base is not None else ())
         if (card := registry.card_on(base_model, instance.instance_id)) is not None
-        and card.max_lora_rank > 0
     ]
-    return min(ranks, default=0)
+    return 0 if 0 in ranks else max(ranks, default=0)
 
 
 def _base_model(body: LoadLoraAdapterRequest, registry: ModelRegistry) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from lorafleet.fleet.adapter_files import check_adapter_rank
 from lorafleet.fleet.kv_blocks import version_key
 from lorafleet.proto.errors import InvalidRequestError, UpstreamError
 from lorafleet.proto.inference import (
@@ -217,7 +218,9 @@ class MockerEngine(AdapterEngine):
         return max(self.options.output_tokens, sampling.min_tokens)
 
     async def add_adapter(self, name: str, lora_id: int, path: Path) -> None:
-        """Serve ``name`` from now on (after the configured delay, unless configured to fail)."""
+        """Serve ``name`` from now on (after the configured delay, unless configured to fail);
+        like hf and vllm, refuse one whose rank exceeds ``--max-lora-rank``."""
+        check_adapter_rank(_name(name), path, self.config.max_lora_rank)
         await asyncio.sleep(self.options.add_adapter_delay_s)
         if _matches(self.options.fail_add_adapter, name):
             raise UpstreamError(f"mocker: adding adapter {_name(name)!r} failed as configured")

@@ -21,6 +21,8 @@ from typing import Any
 import boto3
 import pytest
 
+from lorafleet.process.parent_death import die_with_parent
+
 MOTO_START_TIMEOUT_S = 30.0
 ACCESS_KEY_ID = "AKIALORAFLEETTEST"
 SECRET_ACCESS_KEY = "lorafleet-test-secret-do-not-leak"
@@ -108,7 +110,7 @@ def start_moto(workdir: Path, extra_env: dict[str, str] | None = None) -> MotoSe
     env.update(extra_env or {})
     binary = Path(sys.executable).with_name("moto_server")
     process = subprocess.Popen(
-        [str(binary), "-H", "127.0.0.1", "-p", str(port)],
+        die_with_parent([str(binary), "-H", "127.0.0.1", "-p", str(port)]),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
