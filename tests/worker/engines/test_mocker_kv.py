@@ -14,6 +14,7 @@ from lorafleet.proto.inference import ChatMessage, GenerateRequest, SamplingPara
 from lorafleet.proto.kv_events import BlocksStored, KvCacheSpec, KvEvent, VersionCleared
 from lorafleet.worker.engine import EngineConfig
 from lorafleet.worker.engines.mocker import MockerEngine
+from tests.worker.adapters import make_adapter_dir
 
 LONG = " ".join(f"w{i}" for i in range(40))  # 40 tokens: two whole blocks of 16
 
@@ -71,7 +72,7 @@ async def test_removing_an_adapter_clears_its_blocks(
     tmp_path: Path,
 ) -> None:
     engine, events = _engine("kv-base")
-    await engine.add_adapter("pirate", 1, tmp_path)
+    await engine.add_adapter("pirate", 1, make_adapter_dir(tmp_path, "pirate"))
     await _answer(engine, GenerateRequest(request_id="r", model="pirate", prompt=LONG))
     await engine.remove_adapter("pirate")
     assert [type(event) for event in events] == [BlocksStored, VersionCleared]
