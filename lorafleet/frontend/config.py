@@ -67,7 +67,7 @@ class FrontendConfig(ConnectionSettings):
         more="See [`docs/routing.md`](docs/routing.md).",
     )  # fmt: skip
     router_load_weight: Annotated[float, Meta(ge=0, le=MAX_LOAD_WEIGHT)] = setting(
-        1.0, flag="--router-load-weight", env="DYN_ROUTER_LOAD_WEIGHT",
+        0.5, flag="--router-load-weight", env="DYN_ROUTER_LOAD_WEIGHT",
         help="prefix routers: what a token an instance is already working on costs, against "
         "one prompt token it would have to compute (0: cache only, ties by load)",
     )  # fmt: skip

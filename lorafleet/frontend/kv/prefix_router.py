@@ -66,7 +66,7 @@ class PrefixRouter(Router):
         index: PrefixIndex | None = None,
         follows: Callable[[int], bool] = lambda _instance_id: False,
         tokenizers: HfTokenizers | None = None,
-        load_weight: float = 1.0,
+        load_weight: float = 0.5,
     ) -> None:
         super().__init__()
         self.metrics = metrics
