@@ -36,12 +36,18 @@ async def test_shared_prompts_are_computed_once_across_mocker_workers(
     async with run_frontend(config) as frontend:
         await wait_for_models(frontend, {"demo"}, timeout_s=60)
         client = openai.AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="-", max_retries=0)
+        cached: list[int] = []
         for round_ in range(ROUNDS):
             for prompt in PROMPTS:
-                await client.chat.completions.create(
+                answer = await client.chat.completions.create(
                     model="demo", max_tokens=4,
                     messages=[{"role": "system", "content": prompt},
                               {"role": "user", "content": f"question {round_}"}],
                 )  # fmt: skip
+                assert answer.usage is not None and answer.usage.prompt_tokens_details
+                cached.append(answer.usage.prompt_tokens_details.cached_tokens or 0)
     ideal = len(PROMPTS) * (ROUNDS - 1) * 400  # every later round finds its prompt cached
     assert sum(_hits(w) for w in workers) >= 0.9 * ideal
+    # The client reads the same hits in each answer's usage, as from vLLM.
+    assert cached[: len(PROMPTS)] == [0] * len(PROMPTS)
+    assert sum(cached) == sum(_hits(w) for w in workers)
