@@ -176,8 +176,9 @@ def _figures(results: list[ChatResult], elapsed: float, cpu: float) -> dict[str,
 
 def _sizes(args: argparse.Namespace) -> Sizes:
     return Sizes(
-        prefixes=args.prefixes, prefix_words=args.prefix_words,
-        conversations=args.conversations, unique_requests=args.unique_requests,
+        prefixes=args.prefixes, prefix_words=args.prefix_words, question_words=args.question_words,
+        conversations=args.conversations, turns=args.turns, opening_words=args.opening_words,
+        unique_requests=args.unique_requests, unique_words=args.unique_words,
     )  # fmt: skip
 
 
@@ -230,8 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=16, help="the engines' (for the ideal)")
     parser.add_argument("--prefixes", type=int, default=32)
     parser.add_argument("--prefix-words", type=int, default=2000)
+    parser.add_argument("--question-words", type=int, default=24)
     parser.add_argument("--conversations", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument(
+        "--opening-words", type=int, default=600, help="a conversation's first turn"
+    )
     parser.add_argument("--unique-requests", type=int, default=256)
+    parser.add_argument("--unique-words", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--target-url",
