@@ -50,7 +50,8 @@ POLL_S: Final = 0.1
 async def _serve(cluster: BenchCluster, args: argparse.Namespace, router: str) -> Service:
     """Start the workers, load every adapter on each, start the frontend; wait until it
     lists every adapter."""
-    flags = ["--enable-lora", "--max-loras", str(len(_adapters(cluster, args))), *args.worker_arg]
+    slots = max(1, len(_adapters(cluster, args)))
+    flags = ["--enable-lora", "--max-loras", str(slots), *args.worker_arg]
     workers = [cluster.worker(args.model, *flags, engine=args.engine, wait=False)
                for _ in range(args.workers)]  # fmt: skip
     for worker in workers:
