@@ -39,14 +39,16 @@ async def test_a_prompt_sent_twice_hits_and_its_blocks_are_relayed_as_the_fleet_
     expected = block_hashes(tokens, spec.block_size, "pirate", SALT)
     assert expected, "the prompt must fill at least one block"
     hits_before = _hits()
+    cached: list[int | None] = []
     for index in (1, 2):
         sampling = SamplingParams(max_tokens=2)
         request = GenerateRequest(
             request_id=f"kv-{index}", model="pirate", prompt=PROMPT, cache_salt=SALT,
             sampling=sampling,
         )  # fmt: skip
-        await answer(engine, request)
+        cached.append((await answer(engine, request)).final.usage.cached_tokens)
     assert _hits() - hits_before == len(expected) * spec.block_size
+    assert cached == [0, len(expected) * spec.block_size]  # the answers' usage says so too
 
     def stored() -> set[int]:
         return {h for e in kv_events.events if isinstance(e, BlocksStored)

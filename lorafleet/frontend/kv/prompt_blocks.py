@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, Protocol
 
 import structlog
@@ -62,17 +63,24 @@ def load_hf_tokenizer(path: str) -> Tokenize | None:
 
 
 class HfTokenizers:
-    """One tokenizer per model folder, loaded once (a failure too: logged once)."""
+    """One tokenizer per model folder, loaded once (a failure too: logged once), in a thread
+    of its own: the first load imports transformers (seconds of CPU), which must never stall
+    the event loop that routes every request. Until it is ready the path has none, and its
+    instances are routed approximately."""
 
     def __init__(self, load: TokenizerSource = load_hf_tokenizer) -> None:
         self._load = load
-        self._loaded: dict[str, Tokenize | None] = {}
+        self._loading: dict[str, Future[Tokenize | None]] = {}
+        self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     def get(self, path: str) -> Tokenize | None:
-        """The tokenizer of ``path``, or None."""
-        if path not in self._loaded:
-            self._loaded[path] = self._load(path) if path else None
-        return self._loaded[path]
+        """The tokenizer of ``path`` once it is loaded, else None (and its load is started)."""
+        if not path:
+            return None
+        if path not in self._loading:
+            self._loading[path] = self._threads.submit(self._load, path)
+        loading = self._loading[path]
+        return loading.result() if loading.done() else None
 
 
 class PromptBlocks:

@@ -359,8 +359,8 @@ class VLLMEngine(AdapterEngine):
     ) -> AsyncGenerator[TokenChunk | FinalChunk, None]:
         """Turn vLLM's delta outputs into chunks; abort in vLLM if the consumer goes away.
         The first output's ``num_cached_tokens`` counts the prefix-cache hit (``adapter``:
-        its ``lora_name`` label)."""
-        completion_tokens, reason = 0, None
+        its ``lora_name`` label), and the answer's usage reports it."""
+        completion_tokens, reason, cached = 0, None, 0
         held_ids: list[int] = []  # ids whose text vLLM has not released yet
         held_logprobs: list[TokenLogprob] = []
         counted = False
@@ -393,7 +393,8 @@ class VLLMEngine(AdapterEngine):
             if reason is None:
                 await stream.aclose()
                 await self._llm.abort(request_id)
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      cached_tokens=cached)  # fmt: skip
         yield FinalChunk(finish_reason=finish_reason(reason), usage=usage)
 
     async def stop(self) -> None:

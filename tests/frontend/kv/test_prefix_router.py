@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 from prometheus_client import CollectorRegistry
 
 from lorafleet.fleet.kv_blocks import block_hashes, version_key, words_tokens
@@ -154,3 +158,22 @@ def test_an_index_failure_routes_by_load_instead() -> None:
     fleet.router.started(1)
     assert fleet.route(_request("q")) == 2
     assert fleet.decisions("no_index") == 1
+
+
+def test_a_tokenizer_loads_off_the_event_loop_and_serves_once_ready() -> None:
+    """Loading one imports transformers (seconds): the router routes approximately until
+    the load, in a thread of its own, is done, and never waits for it."""
+    release = threading.Event()
+    tokenizer = object()
+
+    def slow_load(path: str) -> Any:
+        release.wait(10)
+        return tokenizer
+
+    tokenizers = HfTokenizers(slow_load)
+    assert tokenizers.get("/model") is None  # started, not waited for
+    release.set()
+    deadline = time.monotonic() + 10
+    while tokenizers.get("/model") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tokenizers.get("/model") is tokenizer
