@@ -22,6 +22,7 @@ import httpx
 import msgspec
 
 from lorafleet.discovery.client import connect_etcd
+from lorafleet.discovery.connect import wait_for_etcd
 from lorafleet.discovery.keys import instance_prefix, load_prefix, parse_load_key
 from lorafleet.discovery.settings import EtcdSettings
 from lorafleet.launch.fleet_status import (
@@ -57,9 +58,10 @@ __all__ = [
 _LoraRequest = LoadLoraRequest | UnloadLoraRequest | ListLorasRequest
 
 
-async def _listed(etcd: EtcdSettings, prefix: str) -> list[tuple[str, bytes]]:
-    """Every key under ``prefix`` and its value, read once."""
-    etcd_client = await connect_etcd(etcd)
+async def _listed(etcd: EtcdSettings, prefix: str, wait_s: float = 0) -> list[tuple[str, bytes]]:
+    """Every key under ``prefix`` and its value, read once; ``wait_s``: how long to wait for
+    etcd to answer (0: one try)."""
+    etcd_client = await (wait_for_etcd(etcd, timeout_s=wait_s) if wait_s else connect_etcd(etcd))
     try:
         listing = await etcd_client.get_prefix(prefix.encode())
     finally:
@@ -67,11 +69,10 @@ async def _listed(etcd: EtcdSettings, prefix: str) -> list[tuple[str, bytes]]:
     return [(kv.key.decode(), kv.value) for kv in listing]
 
 
-async def instances(etcd: EtcdSettings, namespace: str) -> list[Instance]:
-    """Every live worker instance registered in ``namespace``."""
-    return [
-        decode_instance(value) for _key, value in await _listed(etcd, instance_prefix(namespace))
-    ]
+async def instances(etcd: EtcdSettings, namespace: str, wait_s: float = 0) -> list[Instance]:
+    """Every live worker instance registered in ``namespace`` (``wait_s``: see ``_listed``)."""
+    listed = await _listed(etcd, instance_prefix(namespace), wait_s)
+    return [decode_instance(value) for _key, value in listed]
 
 
 async def load_records(etcd: EtcdSettings, namespace: str) -> dict[int, InstanceLoad]:

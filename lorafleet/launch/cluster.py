@@ -267,8 +267,10 @@ def _wait_ready(children: list[ServiceProcess]) -> None:
 
 
 def _own_instances(worker_urls: list[str], etcd: EtcdSettings, namespace: str) -> list[str]:
-    """The workers' instance ids, each confirmed registered in this cluster's etcd."""
-    registered = {f"{i.instance_id:x}" for i in asyncio.run(instances(etcd, namespace))}
+    """The workers' instance ids, each confirmed registered in this cluster's etcd (waited
+    for as the workers' own starts wait: a TLS handshake on a busy machine may fail once)."""
+    listed = asyncio.run(instances(etcd, namespace, wait_s=READY_TIMEOUT_S))
+    registered = {f"{i.instance_id:x}" for i in listed}
     ids = []
     for url in worker_urls:
         instance_id = httpx.get(f"{url}/health", timeout=5).json().get("instance_id", "")
