@@ -33,4 +33,12 @@ async def test_greedy_answers_of_hf_and_vllm_agree(
         from_vllm = await answer(engine, chat(model, prompt))
         from_hf = await answer(hf_engine, chat(model, prompt))
         assert from_vllm.text == from_hf.text, prompt
-        assert from_vllm.final.usage == from_hf.final.usage, prompt
+        vllm_usage, hf_usage = from_vllm.final.usage, from_hf.final.usage
+        assert vllm_usage is not None and hf_usage is not None, prompt
+        assert (vllm_usage.prompt_tokens, vllm_usage.completion_tokens) == (
+            hf_usage.prompt_tokens,
+            hf_usage.completion_tokens,
+        ), prompt
+        # Only vllm has a prefix cache to count hits in; hf reports none.
+        assert isinstance(vllm_usage.cached_tokens, int), prompt
+        assert hf_usage.cached_tokens is None, prompt
