@@ -89,7 +89,7 @@ netns-tools:
 		{ apt-get update -q && apt-get install -y -q --no-install-recommends $(NETNS_PACKAGES); }; fi
 
 test: lint promtool netns-tools
-	$(VENV)/bin/python -m pytest --ignore=tests/chaos
+	$(VENV)/bin/python -m pytest --durations=20 --ignore=tests/chaos
 
 # The long outages (minutes of NATS and etcd down, kills under load): the same
 # scenarios as `make test` runs with scaled-down timings. See tests/chaos/.
