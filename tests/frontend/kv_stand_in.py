@@ -8,11 +8,13 @@ per version and cache salt with ``fleet.kv_blocks``, as the real relay does). It
 prefix hits and queries in tokens (the worker's own evidence of where prefixes landed),
 publishes ``KvEventBatch`` messages on the namespace's real events subject, and answers
 ``KvSnapshotRequest`` on its instance subject. Tests may also drop a batch on the floor
-(``lose_next``) to make a gap.
+(``lose_next``) to make a gap, or hold snapshot answers back (``snapshots_held``) to keep
+a frontend catching up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from nats.aio.client import Client as NatsClient
@@ -56,7 +58,11 @@ class StandInKv:
         self.queries = 0
         self.seq = 0
         self.lose_next = False
+        self.snapshots_asked = 0
         self.snapshots_answered = 0
+        self.snapshots_held: asyncio.Event | None = None
+        """While this is an event not yet set, snapshots are answered only once it is."""
+        self._answers: set[asyncio.Task[None]] = set()
 
     def version(self, model: str) -> str:
         """The version key of ``model`` as this worker holds it."""
@@ -102,6 +108,22 @@ class StandInKv:
         blocks = {version: list(hashes) for version, hashes in self.blocks.items()}
         return KvSnapshot(instance_id=self.instance_id, seq=self.seq, blocks=blocks)
 
+    def answer_snapshot(self, msg: Msg) -> None:
+        """Answer ``msg`` with a snapshot, once ``snapshots_held`` (if any) is set.
+
+        The answer waits in a task of its own: the endpoint's other messages (the requests a
+        test sends meanwhile) go on being served."""
+        self.snapshots_asked += 1
+        task = asyncio.create_task(self._answer_when_released(msg))
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
+
+    async def _answer_when_released(self, msg: Msg) -> None:
+        if self.snapshots_held is not None:
+            await self.snapshots_held.wait()
+        self.snapshots_answered += 1
+        await msg.respond(encode_msg(self.snapshot()))
+
 
 class KvEndpoint(Endpoint):
     """The real endpoint, plus the relay's answer to ``KvSnapshotRequest``."""
@@ -114,7 +136,6 @@ class KvEndpoint(Endpoint):
         except Exception:  # the endpoint answers what does not decode
             message = None
         if msg.reply and isinstance(message, KvSnapshotRequest):
-            self.kv.snapshots_answered += 1
-            await msg.respond(encode_msg(self.kv.snapshot()))
+            self.kv.answer_snapshot(msg)
             return
         await super()._on_message(msg)

@@ -266,9 +266,12 @@ async def test_cache_salt_isolates_in_the_index_and_a_tenant_may_salt_with_its_n
         assert [r.cache_salt for r in served] == ["acme\0eu"]
 
 
-async def test_after_a_nats_outage_the_index_is_rebuilt_from_snapshots(
-    tmp_path: Path, etcd: EtcdClient, etcd_url: str, namespace: str
+async def check_index_rebuilt_after_nats_outage(
+    tmp_path: Path, etcd: EtcdClient, etcd_url: str, namespace: str, outage_s: float
 ) -> None:
+    """NATS down ``outage_s`` while a worker caches a prefix nobody hears of; while the
+    frontend catches up (the snapshots held back) every request succeeds, and once the
+    snapshots came the prefix goes to the worker that cached it during the outage."""
     server = start_nats(tmp_path / "nats-own")
     etcd_settings = EtcdSettings.from_endpoints(etcd_url)
     config = FrontendConfig(namespace=namespace, etcd=etcd_settings, nats_server=server.url,
@@ -280,18 +283,42 @@ async def test_after_a_nats_outage_the_index_is_rebuilt_from_snapshots(
         async with run_frontend(config) as frontend:
             await wait_for_models(frontend, {"demo"})
             await _following(frontend, 2)
+            await a.kv.serve(_warm(system=OTHER))  # so a's next batch is not its first
+            await _until(frontend, "lorafleet_kv_index_blocks", lambda v: v == PREFIX_BLOCKS)
             await asyncio.to_thread(server.stop)
             await _following(frontend, 0)  # events may be lost now: trust none
             b.kv.lose_next = True
             await b.kv.serve(_warm())  # cached while NATS was away: no event reaches anyone
+            await asyncio.sleep(outage_s)  # the outage itself, not a wait for an event
+            released = asyncio.Event()
+            asked = [a.kv.snapshots_asked, b.kv.snapshots_asked]
+            a.kv.snapshots_held = b.kv.snapshots_held = released
             await asyncio.to_thread(server.start_again)
-            await _following(frontend, 2)  # every instance asked for its snapshot again
-            await _until(frontend, "lorafleet_kv_index_blocks", lambda v: v == PREFIX_BLOCKS)
+            async with asyncio.timeout(TIMEOUT_S):  # until the frontend asks both again
+                while a.kv.snapshots_asked == asked[0] or b.kv.snapshots_asked == asked[1]:
+                    await asyncio.sleep(0.02)
+            # Served without the index (another prompt, so that only b holds SYSTEM's).
+            catching_up = [_ask(_client(frontend), f"meanwhile {n}", system=OTHER)
+                           for n in range(4)]  # fmt: skip
+            await asyncio.gather(*catching_up)  # none fails
+            assert await _metric(frontend, "lorafleet_kv_followed_instances") == 0
+            released.set()
+            await _following(frontend, 2)  # every instance's snapshot came and was applied
+            served_before = (len(a.generated), len(b.generated))
             for n in range(3):
                 await _ask(_client(frontend), f"after the outage {n}")
-            assert (len(a.generated), len(b.generated)) == (0, 3)
+            assert (len(a.generated), len(b.generated)) == (
+                served_before[0],
+                served_before[1] + 3,
+            )
     finally:
         for worker in (a, b):
             with contextlib.suppress(Exception):
                 await worker.stop()
         server.stop()
+
+
+async def test_after_a_nats_outage_the_index_is_rebuilt_from_snapshots(
+    tmp_path: Path, etcd: EtcdClient, etcd_url: str, namespace: str
+) -> None:
+    await check_index_rebuilt_after_nats_outage(tmp_path, etcd, etcd_url, namespace, 1.0)
