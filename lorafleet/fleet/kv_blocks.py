@@ -26,6 +26,8 @@ __all__ = [
 
 HASH_BYTES: Final = 8
 """Bytes of blake3 kept per block: 64-bit hashes, collision-free at any fleet's size."""
+TOKEN_BYTES: Final = 8
+"""Bytes a token id is hashed as (a signed 64-bit integer, little-endian)."""
 
 
 def version_key(model: str, digest: str = "") -> str:
@@ -44,12 +46,18 @@ def block_hashes(
     tokens: Sequence[int], block_size: int, version: str, salt: str = "", *, start: bytes = b""
 ) -> list[int]:
     """The hash of every whole block of ``tokens``, in order (a tail shorter than a block
-    has none). ``start``: the seed to continue from (``chain_seed`` by default)."""
+    has none). ``start``: the seed to continue from (``chain_seed`` by default).
+
+    Token ids are hashed as 64-bit integers; ``bytes`` (a prompt's text, the frontend's
+    character blocks) as they are, ``block_size`` bytes a block."""
     previous = start or chain_seed(version, salt)
+    if isinstance(tokens, bytes):
+        data, width = tokens, block_size
+    else:
+        data, width = array("q", tokens).tobytes(), block_size * TOKEN_BYTES
     hashes: list[int] = []
-    for begin in range(0, len(tokens) - block_size + 1, block_size):
-        block = array("q", tokens[begin : begin + block_size]).tobytes()
-        previous = blake3(previous + block).digest(HASH_BYTES)
+    for begin in range(0, len(data) - width + 1, width):
+        previous = blake3(previous + data[begin : begin + width]).digest(HASH_BYTES)
         hashes.append(int.from_bytes(previous, "little", signed=True))
     return hashes
 
