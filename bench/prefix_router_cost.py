@@ -29,7 +29,13 @@ from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.router import LeastInflightRouter, Router
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.inference import ChatMessage, GenerateRequest, encode_msg
-from lorafleet.proto.kv_events import BlocksStored, KvCacheSpec, KvEventBatch, decode_kv_batch
+from lorafleet.proto.kv_events import (
+    BlocksStored,
+    KvCacheSpec,
+    KvEvent,
+    KvEventBatch,
+    decode_kv_batch,
+)
 
 MODEL = "demo"
 SPEC = KvCacheSpec(block_size=16, num_blocks=2048, events=True, tokenizer="words")
@@ -89,7 +95,7 @@ def cpu_per_request_us(name: str, requests: Sequence[GenerateRequest], instances
         if name == "prefix":  # what the chosen worker publishes, then what the frontend does
             seq[iid] = seq.get(iid, 0) + 1
             hashes = PromptBlocks(request, tokenizers).token_hashes(SPEC, MODEL) or []
-            stored = [BlocksStored(version=MODEL, hashes=hashes)]
+            stored: list[KvEvent] = [BlocksStored(version=MODEL, hashes=hashes)]
             batch = encode_msg(KvEventBatch(instance_id=iid, seq=seq[iid], sent_at=0.0,
                                             events=stored))  # fmt: skip
             began = clock()
