@@ -180,3 +180,37 @@ def test_slo_adds_a_copy_and_reports_attainment_before_and_after(tmp_path: Path)
     assert figures["reason"].startswith("ttft p95 ")
     assert figures["before"]["requests"] > 0 and figures["judged_windows"]
     assert {"requests", "ttft_p50_ms", "ttft_p95_ms", "within_target"} <= figures["after"].keys()
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_prefix_reports_every_workload_and_the_workers_hits(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "prefix", "--routers", "prefix", "--workers", "2",
+                    "--clients", "2", "--adapters", "1", "--max-tokens", "2",
+                    "--prefixes", "2", "--prefix-words", "64", "--question-words", "4",
+                    "--conversations", "2", "--turns", "2", "--opening-words", "64",
+                    "--unique-requests", "4", "--unique-words", "64")  # fmt: skip
+    runs = result["results"]
+    assert set(runs) == {"shared", "multiturn", "unique"}
+    for workload, by_router in runs.items():
+        figures = by_router["prefix"]
+        assert figures["failed"] == 0 and figures["requests"] > 0, (workload, figures)
+        assert figures["frontend_cpu_ms_per_request"] > 0
+    # repeats of a prompt hit the workers' own caches; prompts that share nothing never do
+    assert runs["shared"]["prefix"]["hit_ratio"] > 0
+    assert runs["multiturn"]["prefix"]["hit_ratio"] > 0
+    assert runs["unique"]["prefix"]["hit_ratio"] == 0
+
+
+def test_prefix_router_cost_prints_every_router_for_every_workload() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.prefix_router_cost", "--repeat", "1",
+         "--workloads", "unique", "shared"],
+        capture_output=True, text=True, timeout=BENCH_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split("|")[1:4] for line in done.stdout.splitlines()[2:]]
+    routers = ["least-inflight", "prefix-approx", "prefix"]
+    assert [(w.strip(), r.strip()) for w, r, _ in rows] == [
+        (w, r) for w in ("unique", "shared") for r in routers
+    ]
+    assert all(float(us) > 0 for _, _, us in rows)
