@@ -105,6 +105,9 @@ class ClusterOptions:
 
 def run_cluster(options: ClusterOptions) -> int:
     """Run the cluster until Ctrl-C or SIGTERM; returns the exit code."""
+    # a script's `lorafleet up &` starts it with SIGINT ignored, and Python keeps that: Ctrl-C
+    # and `kill -INT` must stop the cluster however it was started
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_leftovers(options.state_dir, replace=options.replace)
     require_free(_http_ports(options))
     model, adapters = _model_and_adapters(options)

@@ -156,8 +156,11 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_no_process(tmp_path: 
     http_port = free_port()
     argv = [LORAFLEET, "up", "--engine", "mocker", "--http-port", str(http_port),
             "--system-port", str(free_port())]  # fmt: skip
+    # started as a script's `lorafleet up &` starts it: with SIGINT ignored, which Python
+    # keeps unless told otherwise; the other tests' SIGINT finds the default handler
     up = subprocess.Popen(argv, cwd=tmp_path, env=_user_env(), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=_ignore_sigint)  # fmt: skip
     assert up.stdout is not None and up.stderr is not None
     for line in up.stdout:  # a child's first line: start-up is under way
         if line.startswith(("[", "Press Ctrl-C")):
@@ -169,6 +172,10 @@ def test_ctrl_c_during_start_up_prints_one_line_and_leaves_no_process(tmp_path: 
     own = [line for line in stdout.splitlines() if not line.startswith("[")]  # not a child's
     assert not [line for line in own if "Traceback" in line or "KeyboardInterrupt" in line]
     assert not _processes_mentioning(f"--http-port {http_port}", str(tmp_path))
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _processes_mentioning(*needles: str) -> list[str]:
