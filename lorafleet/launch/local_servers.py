@@ -62,6 +62,8 @@ class LocalServer:
     """Plain-HTTP ``/health`` of an etcd (its metrics listener); empty for NATS."""
     env: dict[str, str] = field(default_factory=dict, repr=False)
     """Extra environment of the server (e.g. the passwords its config file reads)."""
+    log_start: int = 0
+    """Where this run's lines begin in ``log_path`` (a data dir's log is appended to)."""
 
     @property
     def pid(self) -> int:
@@ -213,9 +215,9 @@ def start_nats(
 def _on_port(start: Callable[[int], LocalServer], port: int | None) -> LocalServer:
     """Start on ``port``, or on a free port, trying another when a parallel run took it first.
 
-    A port found free can be bound by another process before the server binds it; the
-    server then exits while the other one answers the health check in its place.
-    """
+    A port found free can be bound by another process before the server binds it, or become
+    a connection's local port; the server then exits (and another may answer its health
+    check in its place)."""
     if port is not None:
         return start(port)
     for _ in range(PORT_ATTEMPTS - 1):
@@ -298,12 +300,14 @@ def launch(
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / f"{name}.log"
     with log_path.open("ab") as log:
+        log_start = log.tell()
         process = subprocess.Popen(
             die_with_parent(args), stdout=log, stderr=subprocess.STDOUT,  # gone with us
             stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **(env or {})},
         )  # fmt: skip
     port = int(url.rsplit(":", 1)[1])
-    return LocalServer(name, url, port, data_dir, log_path, process, args, health_url, env or {})
+    return LocalServer(name, url, port, data_dir, log_path, process, args, health_url, env or {},
+                       log_start)  # fmt: skip
 
 
 def wait_healthy(server: LocalServer, healthy: Callable[[], bool] | None = None) -> None:
@@ -313,7 +317,7 @@ def wait_healthy(server: LocalServer, healthy: Callable[[], bool] | None = None)
     while not (healthy() and _listens(server.process.pid, server.port)):
         if server.process.poll() is not None or time.monotonic() > deadline:
             server.stop(kill=True)
-            error = PortTakenError if _listening_sockets(server.port) else RuntimeError
+            error = PortTakenError if _port_taken(server) else RuntimeError
             raise error(f"{server.name} did not become healthy at {server.url}; "
                         f"see {server.log_path}")  # fmt: skip
         time.sleep(_POLL_INTERVAL_S)
@@ -321,6 +325,17 @@ def wait_healthy(server: LocalServer, healthy: Callable[[], bool] | None = None)
 
 class PortTakenError(RuntimeError):
     """Another process answers on the port a server was to listen on."""
+
+
+def _port_taken(server: LocalServer) -> bool:
+    """Whether another socket holds ``server``'s port: one listening there, or one its bind
+    failed on (a connection's local port, drawn from the same range as ``free_port``'s)."""
+    if _listening_sockets(server.port):
+        return True
+    with contextlib.suppress(OSError), server.log_path.open("rb") as log:
+        log.seek(server.log_start)
+        return b"address already in use" in log.read()
+    return False
 
 
 def _listening_sockets(port: int) -> set[str]:

@@ -194,7 +194,7 @@ def test_prefix_reports_every_workload_and_the_workers_hits(tmp_path: Path) -> N
     for workload, by_router in runs.items():
         figures = by_router["prefix"]
         assert figures["failed"] == 0 and figures["requests"] > 0, (workload, figures)
-        assert figures["frontend_cpu_ms_per_request"] > 0
+        assert figures["frontend_cpu_ms_per_request"] >= 0  # 0 within a clock tick
     # repeats of a prompt hit the workers' own caches; prompts that share nothing never do
     assert runs["shared"]["prefix"]["hit_ratio"] > 0
     assert runs["multiturn"]["prefix"]["hit_ratio"] > 0
