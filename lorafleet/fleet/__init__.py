@@ -21,9 +21,12 @@ from lorafleet.fleet.adapter_fit import (
 )
 from lorafleet.fleet.kv_blocks import (
     HASH_BYTES,
+    BlockChain,
     block_hashes,
     chain_seed,
+    iter_words_tokens,
     version_key,
+    words_count,
     words_tokens,
 )
 from lorafleet.fleet.placement import (
@@ -53,6 +56,7 @@ __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
     "ALLOW_PICKLE_VARIABLE",
+    "BlockChain",
     "HASH_BYTES",
     "HELD_DEMAND_EPS",
     "IN_USE_RPS",
@@ -70,6 +74,7 @@ __all__ = [
     "chain_seed",
     "check_adapter_rank",
     "chosen_instances",
+    "iter_words_tokens",
     "least_rank",
     "lora_rank",
     "may_drop_copy",
@@ -86,5 +91,6 @@ __all__ = [
     "unplaceable_reason",
     "version_key",
     "wanted_copies",
+    "words_count",
     "words_tokens",
 ]
