@@ -22,13 +22,20 @@ DEFAULT_MAX_BLOCKS: Final = 1_048_576
 
 
 class PrefixIndex:
-    """Block hash -> instances holding it, and per instance per version its blocks."""
+    """Block hash -> instances holding it, and per instance per version its blocks.
+
+    Holders are kept as a bit mask per block (one bit per instance indexed): a mask of a
+    few instances is a small int Python shares, where a set per block cost an object of
+    its own, and the events' stores and removals touch every block."""
 
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be at least 1, got {max_blocks}")
         self.max_blocks = max_blocks
-        self._holders: dict[int, set[int]] = {}
+        self._holders: dict[int, int] = {}
+        """Block hash -> the mask of the instances holding it."""
+        self._bits: dict[int, int] = {}
+        """Instance -> its bit in the masks, while it holds a block."""
         self._held: dict[int, dict[str, set[int]]] = {}
         self._size = 0
         self.dropped = 0
@@ -78,14 +85,18 @@ class PrefixIndex:
             return
         self._remove(instance_id, version, list(versions[version]))
 
-    def overlaps(self, hashes: Sequence[int], candidates: Collection[int]) -> dict[int, int]:
-        """For each of ``candidates`` holding ``hashes[0]``, how many leading blocks of
-        ``hashes`` it holds (an instance that misses a block holds none after it for this
-        request: each hash names its whole prefix)."""
+    def overlaps(self, hashes: Iterable[int], candidates: Collection[int]) -> dict[int, int]:
+        """For each of ``candidates`` holding the first of ``hashes``, how many leading blocks
+        of ``hashes`` it holds (an instance that misses a block holds none after it for this
+        request: each hash names its whole prefix). Reads ``hashes`` no further than the
+        first block none of them holds."""
+        alive = {iid: self._bits[iid] for iid in candidates if iid in self._bits}
         found: dict[int, int] = {}
-        alive = set(candidates)
+        if not alive:
+            return found
         for depth, block in enumerate(hashes):
-            alive &= self._holders.get(block, set())
+            mask = self._holders.get(block, 0)
+            alive = {iid: bit for iid, bit in alive.items() if mask & bit}
             if not alive:
                 break
             for instance_id in alive:
@@ -94,6 +105,8 @@ class PrefixIndex:
 
     def _store(self, instance_id: int, version: str, hashes: Iterable[int]) -> None:
         held = self._held.setdefault(instance_id, {}).setdefault(version, set())
+        bit = self._bit(instance_id)
+        holders = self._holders
         for block in hashes:
             if block in held:
                 continue
@@ -101,7 +114,7 @@ class PrefixIndex:
                 self.dropped += 1
                 continue
             held.add(block)
-            self._holders.setdefault(block, set()).add(instance_id)
+            holders[block] = holders.get(block, 0) | bit
             self._size += 1
 
     def _remove(self, instance_id: int, version: str, hashes: Iterable[int]) -> None:
@@ -109,16 +122,26 @@ class PrefixIndex:
         held = versions.get(version) if versions is not None else None
         if versions is None or held is None:
             return
+        others = ~self._bits[instance_id]
+        holders = self._holders
         for block in hashes:
             if block not in held:
                 continue
             held.discard(block)
             self._size -= 1
-            holders = self._holders[block]
-            holders.discard(instance_id)
-            if not holders:
-                del self._holders[block]
+            if mask := holders[block] & others:
+                holders[block] = mask
+            else:
+                del holders[block]
         if not held:
             del versions[version]
         if not versions:
             del self._held[instance_id]
+            del self._bits[instance_id]
+
+    def _bit(self, instance_id: int) -> int:
+        """``instance_id``'s bit, the lowest one free if it has none yet."""
+        if (bit := self._bits.get(instance_id)) is None:
+            used = sum(self._bits.values())
+            bit = self._bits[instance_id] = ~used & (used + 1)
+        return bit
