@@ -94,7 +94,8 @@ def cpu_per_request_us(name: str, requests: Sequence[GenerateRequest], instances
         spent += clock() - began
         if name == "prefix":  # what the chosen worker publishes, then what the frontend does
             seq[iid] = seq.get(iid, 0) + 1
-            hashes = PromptBlocks(request, tokenizers).token_hashes(SPEC, MODEL) or []
+            chain = PromptBlocks(request, tokenizers).token_chain(SPEC, MODEL)
+            hashes = list(chain) if chain is not None else []
             stored: list[KvEvent] = [BlocksStored(version=MODEL, hashes=hashes)]
             batch = encode_msg(KvEventBatch(instance_id=iid, seq=seq[iid], sent_at=0.0,
                                             events=stored))  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Final
 
 __all__ = ["DEFAULT_MEMORY_BLOCKS", "DEFAULT_MEMORY_TTL_S", "PrefixMemory"]
@@ -45,9 +45,10 @@ class PrefixMemory:
     def __len__(self) -> int:
         return len(self._sent)
 
-    def remember(self, hashes: Sequence[int], instance_id: int) -> None:
-        """``instance_id`` was sent ``hashes``: assume it holds them for ``ttl_s``."""
-        now = self._clock()
+    def remember(self, hashes: Sequence[int], instance_id: int, at: float | None = None) -> None:
+        """``instance_id`` was sent ``hashes`` (now, or ``at`` on the memory's clock): assume
+        it holds them for ``ttl_s``."""
+        now = self._clock() if at is None else at
         for block in hashes:
             holders = self._sent.get(block)
             if holders is None:
@@ -59,10 +60,10 @@ class PrefixMemory:
             self._sent.popitem(last=False)
 
     def overlaps(
-        self, hashes: Sequence[int], candidates: Collection[int], within_s: float | None = None
+        self, hashes: Iterable[int], candidates: Collection[int], within_s: float | None = None
     ) -> dict[int, int]:
-        """For each of ``candidates`` sent ``hashes[0]`` in the last ``within_s`` (``ttl_s``
-        by default), how many leading blocks of ``hashes`` it was sent since."""
+        """For each of ``candidates`` sent the first of ``hashes`` in the last ``within_s``
+        (``ttl_s`` by default), how many leading blocks of ``hashes`` it was sent since."""
         since = self._clock() - (self.ttl_s if within_s is None else within_s)
         found: dict[int, int] = {}
         alive = set(candidates)

@@ -6,9 +6,10 @@ hold the adapter, aliases and canaries are resolved before), ``cost = uncached p
 tokens + load_weight x tokens the instance is working on`` (this frontend's requests in
 flight there: their uncached prompt and up to ``DECODE_LOAD_TOKENS`` of output each); the
 cheapest wins, ties go to the least busy. The cached prefix comes from the index of the
-workers' events (``PrefixIndex``) for an instance whose events this frontend follows, else
-from where it sent prefixes lately (``PrefixMemory``, the approximate mode; the only one
-of ``prefix-approx``). A hot prefix thus spreads once its holder is busier than a
+workers' events (``PrefixIndex``) for an instance whose events this frontend follows (and
+what was sent there in the last seconds, ``RecentSends``, still in prefill), else from
+where it sent prefixes lately (``PrefixMemory``, the approximate mode; the only one of
+``prefix-approx``). A hot prefix thus spreads once its holder is busier than a
 recompute costs. The index never fails a request: any error routes by least in flight.
 """
 
@@ -20,16 +21,18 @@ from typing import Final
 
 import structlog
 
-from lorafleet.fleet.kv_blocks import version_key
+from lorafleet.fleet.kv_blocks import BlockChain, version_key
 from lorafleet.frontend.card_view import CardView
 from lorafleet.frontend.kv.prefix_index import PrefixIndex
 from lorafleet.frontend.kv.prefix_memory import PrefixMemory
 from lorafleet.frontend.kv.prompt_blocks import CHARS_PER_BLOCK, HfTokenizers, PromptBlocks
+from lorafleet.frontend.kv.recent_sends import RecentSends
 from lorafleet.frontend.kv.routing_metrics import DecisionReason, RoutingMetrics
 from lorafleet.frontend.registry import ServedModel
 from lorafleet.frontend.router import Router
 from lorafleet.proto.discovery import Instance
 from lorafleet.proto.inference import GenerateRequest
+from lorafleet.proto.kv_events import KvCacheSpec
 
 __all__ = ["DECODE_LOAD_TOKENS", "PrefixRouter"]
 
@@ -39,19 +42,18 @@ DECODE_LOAD_TOKENS: Final = 256
 """Output tokens a request in flight counts for at most in its instance's load."""
 CHARS_PER_TOKEN: Final = 4
 """Prompt characters per token where no tokenizer says (English text, most tokenizers)."""
-RECENT_S: Final = 5.0
-"""How long a prefix sent to an instance whose events this frontend follows counts as held
-without its event: its prefill and the relay's next batch take less."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Score:
-    """One candidate's side of a decision: its cached and uncached prompt tokens."""
+    """One candidate's side of a decision: its cached and uncached prompt tokens, and the
+    prompt's blocks as it names them when the index follows it (else None)."""
 
     instance: Instance
     cached: int
     uncached: int
     from_index: bool
+    chain: BlockChain | None = None
 
 
 class PrefixRouter(Router):
@@ -72,6 +74,7 @@ class PrefixRouter(Router):
         self.metrics = metrics
         self.memory = memory
         self.index = index
+        self.recent = RecentSends()
         self.load_weight = load_weight
         self._cards = cards
         self._follows = follows
@@ -132,11 +135,14 @@ class PrefixRouter(Router):
         prompt = self._prompt(request)
         if prompt.chars < CHARS_PER_BLOCK:
             return None
-        scores = [self._score(served.name, prompt, instance) for instance in candidates]
+        scores = self._scores(served.name, prompt, candidates)
         self._last = (request, prompt, {s.instance.instance_id: s.uncached for s in scores})
         best = min(scores, key=self._cost)
-        self.memory.remember(prompt.char_hashes(self._version(served.name, best.instance)),
-                             best.instance.instance_id)  # fmt: skip
+        if best.chain is not None:
+            self.recent.remember(best.chain, best.instance.instance_id)
+        else:
+            version = self._version(served.name, best.instance)
+            self.memory.remember(prompt.char_hashes(version), best.instance.instance_id)
         self.metrics.decided(_reason(best, scores), best.cached)
         return best.instance
 
@@ -156,33 +162,53 @@ class PrefixRouter(Router):
         card = self._cards(model, instance.instance_id)
         return version_key(model, card.digest if card is not None else "")
 
-    def _score(self, model: str, prompt: PromptBlocks, instance: Instance) -> _Score:
-        """What of the prompt ``instance`` holds: from the index when it follows the
-        instance's events and can make its tokens (or what was sent there in the last
-        ``RECENT_S``, still in prefill, if more), else from where prefixes were sent."""
-        version = self._version(model, instance)
-        iid = instance.instance_id
-        spec = instance.kv_cache
-        if self.index is not None and spec is not None and spec.events and self._follows(iid):
-            tokens = prompt.tokens(spec) if prompt.chars >= spec.block_size else []
-            hashes = prompt.token_hashes(spec, version) if tokens else []
-            if tokens is not None and hashes is not None:
-                cached = self.index.overlaps(hashes, (iid,)).get(iid, 0) * spec.block_size
-                recent = self._remembered(prompt, version, iid, len(tokens), RECENT_S)
-                recent -= recent % spec.block_size  # whole blocks, as the index counts
-                total = len(tokens)
-                return _Score(instance, max(cached, recent), total - max(cached, recent),
-                              from_index=cached >= recent)  # fmt: skip
-        total = prompt.chars // CHARS_PER_TOKEN
-        cached = self._remembered(prompt, version, iid, total, None)
-        return _Score(instance, cached, total - cached, from_index=False)
+    def _scores(self, model: str, prompt: PromptBlocks, candidates: list[Instance]) -> list[_Score]:
+        """Each candidate's score, in their order. Instances the index follows are scored
+        together per cache shape and version (one walk of the prompt's blocks for all);
+        the others from where prefixes were sent."""
+        scores: dict[int, _Score] = {}
+        followed: dict[tuple[KvCacheSpec, str], list[Instance]] = {}
+        for instance in candidates:
+            version = self._version(model, instance)
+            spec = instance.kv_cache
+            if self.index is not None and spec is not None and spec.events \
+                    and self._follows(instance.instance_id):  # fmt: skip
+                followed.setdefault((spec, version), []).append(instance)
+            else:
+                scores[instance.instance_id] = self._remembered(prompt, version, instance)
+        for (spec, version), group in followed.items():
+            for score in self._indexed(prompt, spec, version, group):
+                scores[score.instance.instance_id] = score
+        return [scores[instance.instance_id] for instance in candidates]
 
-    def _remembered(
-        self, prompt: PromptBlocks, version: str, iid: int, total: int, within_s: float | None
-    ) -> int:
-        """Tokens of the prompt's leading character blocks sent to ``iid`` (in ``within_s``)."""
-        held = self.memory.overlaps(prompt.char_hashes(version), (iid,), within_s).get(iid, 0)
-        return min(total, total * held * CHARS_PER_BLOCK // max(1, prompt.text_bytes))
+    def _indexed(
+        self, prompt: PromptBlocks, spec: KvCacheSpec, version: str, group: list[Instance]
+    ) -> list[_Score]:
+        """What of the prompt each of ``group`` holds by the index (or, if more, by what was
+        sent there lately, still in prefill); from where prefixes were sent when the
+        frontend cannot make the engine's tokens."""
+        total = prompt.token_count(spec)
+        chain = prompt.token_chain(spec, version)
+        if total is None or chain is None or self.index is None:
+            return [self._remembered(prompt, version, instance) for instance in group]
+        ids = [instance.instance_id for instance in group]
+        held = self.index.overlaps(chain, ids)
+        recent = self.recent.held_blocks(chain, ids)
+        scores = []
+        for instance in group:
+            blocks, sent = held.get(instance.instance_id, 0), recent.get(instance.instance_id, 0)
+            cached = min(total, max(blocks, sent) * spec.block_size)
+            scores.append(_Score(instance, cached, total - cached, from_index=blocks >= sent,
+                                 chain=chain))  # fmt: skip
+        return scores
+
+    def _remembered(self, prompt: PromptBlocks, version: str, instance: Instance) -> _Score:
+        """What of the prompt ``instance`` was sent lately (the approximate mode)."""
+        iid = instance.instance_id
+        total = prompt.chars // CHARS_PER_TOKEN
+        held = self.memory.overlaps(prompt.char_hashes(version), (iid,)).get(iid, 0)
+        cached = min(total, total * held * CHARS_PER_BLOCK // max(1, prompt.text_bytes))
+        return _Score(instance, cached, total - cached, from_index=False)
 
 
 def _reason(best: _Score, scores: list[_Score]) -> DecisionReason:

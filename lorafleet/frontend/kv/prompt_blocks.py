@@ -3,23 +3,25 @@ character blocks where it cannot.
 
 Tokens are made only when a router asks, once per request and tokenizer (``PromptBlocks``
 memoises them): a request with one candidate instance, or a prompt shorter than a block,
-costs no tokenization. ``words`` is the mocker's tokenizer; ``hf`` loads the model folder's
-tokenizer (``KvCacheSpec.tokenizer_path``) and applies its chat template as the hf and vllm
-engines do. A tokenizer the frontend cannot load leaves the instance to character blocks
-(the approximate mode), logged once per path. Why the frontend tokenizes:
-``docs/decisions.md``, "Where the frontend tokenizes".
+costs no tokenization. Block hashes are made as far as a router reads them
+(``fleet.kv_blocks.BlockChain``), and so are the mocker's word tokens: a prompt whose first
+block nobody holds costs one block of each. ``words`` is the mocker's tokenizer; ``hf``
+loads the model folder's tokenizer (``KvCacheSpec.tokenizer_path``) and applies its chat
+template as the hf and vllm engines do. A tokenizer the frontend cannot load leaves the
+instance to character blocks (the approximate mode), logged once per path. Why the
+frontend tokenizes: ``docs/decisions.md``, "Where the frontend tokenizes".
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Final, Protocol
 
 import structlog
 
-from lorafleet.fleet.kv_blocks import block_hashes, words_tokens
+from lorafleet.fleet.kv_blocks import BlockChain, block_hashes, iter_words_tokens, words_count
 from lorafleet.proto.inference import GenerateRequest
 from lorafleet.proto.kv_events import KvCacheSpec
 
@@ -92,34 +94,46 @@ class PromptBlocks:
         self._texts = _texts(request)
         self.chars = sum(len(text) for text in self._texts)
         """Characters of prompt text (a cheap bound: a token is at least one character)."""
-        self._tokens: dict[tuple[str, str], list[int] | None] = {}
-        self._hashes: dict[tuple[str, str, int, str], list[int]] = {}
+        self._tokens: dict[str, list[int] | None] = {}
+        """The hf tokens by tokenizer path."""
+        self._chains: dict[tuple[str, str, str, int], BlockChain] = {}
+        self._hashes: dict[str, list[int]] = {}
 
-    def tokens(self, spec: KvCacheSpec) -> list[int] | None:
-        """The engine's tokens of the prompt under ``spec``'s tokenizer, or None if unknown."""
-        key = (spec.tokenizer, spec.tokenizer_path)
-        if key not in self._tokens:
-            self._tokens[key] = self._tokenize(spec)
-        return self._tokens[key]
+    def token_count(self, spec: KvCacheSpec) -> int | None:
+        """How many tokens the engine makes of the prompt under ``spec``'s tokenizer, or
+        None if unknown (its tokenizer is not loaded)."""
+        if spec.tokenizer == "words":
+            return self._words
+        tokens = self._hf_tokens(spec)
+        return None if tokens is None else len(tokens)
 
-    def token_hashes(self, spec: KvCacheSpec, version: str) -> list[int] | None:
-        """The hash of each whole block of the prompt's tokens, as the engine names them."""
-        tokens = self.tokens(spec)
-        if tokens is None:
-            return None
-        key = (spec.tokenizer + spec.tokenizer_path, version, spec.block_size, "tokens")
-        if key not in self._hashes:
-            salt = self.request.cache_salt
-            self._hashes[key] = block_hashes(tokens, spec.block_size, version, salt)
-        return self._hashes[key]
+    def token_chain(self, spec: KvCacheSpec, version: str) -> BlockChain | None:
+        """The prompt's blocks as the engine names them under ``version``, hashed as far as
+        they are read, or None if its tokens are unknown."""
+        key = (spec.tokenizer, spec.tokenizer_path, version, spec.block_size)
+        if key not in self._chains:
+            if spec.tokenizer == "words":
+                chunks: Iterable[list[int]] = iter_words_tokens(self._texts, spec.block_size)
+            elif (tokens := self._hf_tokens(spec)) is not None:
+                chunks = [tokens]
+            else:
+                return None
+            self._chains[key] = BlockChain(chunks, spec.block_size, version,
+                                           self.request.cache_salt)  # fmt: skip
+        return self._chains[key]
 
     def char_hashes(self, version: str) -> list[int]:
         """The hash of each whole ``CHARS_PER_BLOCK`` bytes of the prompt text."""
-        key = ("", version, CHARS_PER_BLOCK, "chars")
-        if key not in self._hashes:
+        if version not in self._hashes:
             salt = self.request.cache_salt
-            self._hashes[key] = block_hashes(self._text_bytes, CHARS_PER_BLOCK, version, salt)
-        return self._hashes[key]
+            self._hashes[version] = block_hashes(self._text_bytes, CHARS_PER_BLOCK, version,
+                                                 salt)  # fmt: skip
+        return self._hashes[version]
+
+    @functools.cached_property
+    def _words(self) -> int:
+        """How many tokens the mocker's tokenizer makes of the prompt (its words)."""
+        return words_count(self._texts)
 
     @property
     def text_bytes(self) -> int:
@@ -130,10 +144,16 @@ class PromptBlocks:
     def _text_bytes(self) -> bytes:
         return _chat_text(self.request).encode()
 
-    def _tokenize(self, spec: KvCacheSpec) -> list[int] | None:
-        if spec.tokenizer == "words":
-            return words_tokens(self._texts)
-        tokenizer = self._tokenizers.get(spec.tokenizer_path)
+    def _hf_tokens(self, spec: KvCacheSpec) -> list[int] | None:
+        """The prompt as the hf tokenizer at ``spec.tokenizer_path`` makes it (chat template
+        applied), or None while that tokenizer is not loaded."""
+        path = spec.tokenizer_path
+        if path not in self._tokens:
+            self._tokens[path] = self._tokenize_hf(path)
+        return self._tokens[path]
+
+    def _tokenize_hf(self, path: str) -> list[int] | None:
+        tokenizer = self._tokenizers.get(path)
         if tokenizer is None:
             return None
         messages = self.request.messages
