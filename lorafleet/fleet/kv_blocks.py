@@ -9,7 +9,6 @@ one tenant's salt never matches another's (``docs/routing.md``). Pure: no I/O.
 
 from __future__ import annotations
 
-import itertools
 import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -110,11 +109,6 @@ class BlockChain:
     def first(self) -> int | None:
         """The first block's hash; None for a prompt shorter than a block."""
         return next(iter(self), None)
-
-    def common_blocks(self, other: BlockChain) -> int:
-        """How many leading blocks this chain shares with ``other``."""
-        pairs = zip(self, other, strict=False)  # the shorter chain ends the comparison
-        return sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
 
     def _extend(self) -> bool:
         """Hash the first block, or else every block left; False when there was none."""

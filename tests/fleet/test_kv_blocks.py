@@ -54,14 +54,6 @@ def test_a_reader_that_stops_at_the_first_block_tokenizes_no_further() -> None:
     assert len(read) == 600 // 8
 
 
-def test_two_chains_share_the_blocks_of_their_common_prefix_only() -> None:
-    tokens = words_tokens([LONG])
-    longer = BlockChain([tokens], 16, "demo")
-    assert longer.common_blocks(BlockChain([tokens[:100]], 16, "demo")) == 100 // 16
-    assert longer.common_blocks(BlockChain([tokens], 16, "demo", "other tenant")) == 0
-    assert longer.common_blocks(BlockChain([tokens], 16, "demo@sha256:2")) == 0
-
-
 @pytest.mark.parametrize(
     "texts",
     [[], [""], ["  "], ["one"], [" two  words "], ["tab\tnew\nline\rvt\x0bff\x0cend"],
