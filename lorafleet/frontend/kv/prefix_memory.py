@@ -2,11 +2,10 @@
 
 For instances that publish no block events (hf), and for those whose events this frontend
 has not caught up with yet (it started late, it missed a batch), the router assumes an
-instance still holds the prefixes it was sent within ``ttl_s``. For instances it follows,
-the router trusts only the last few seconds of it: prefixes still in prefill there, whose
-events have not come yet. Entries are bounded by
-count (``max_blocks``, least recently used out first), so a flood of distinct prefixes
-costs memory only up to the bound. Pure bookkeeping, no I/O.
+instance still holds the prefixes it was sent within ``ttl_s``. Sends to instances it
+follows go to ``RecentSends`` instead, which keeps a memory of its own for the prompts it
+hashes. Entries are bounded by count (``max_blocks``, least recently used out first), so a
+flood of distinct prefixes costs memory only up to the bound. Pure bookkeeping, no I/O.
 """
 
 from __future__ import annotations
