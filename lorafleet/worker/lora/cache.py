@@ -78,14 +78,18 @@ class AdapterCache:
         recording the source's ``version`` of it.
 
         An invalid or partial entry is replaced, and with ``replace`` (the source holds a
-        newer version) a valid one too; otherwise a valid one that another process committed
-        meanwhile wins, and ``built`` is left for the caller to discard.
+        newer version) a valid one too, unless it already is ``version``: workers sharing a
+        cache refresh one changed object at once, and replacing another's fresh entry would
+        pull it from under the engine loading it. Otherwise a valid entry that another
+        process committed meanwhile wins, and ``built`` is left for the caller to discard.
         """
         entry = self.root / key
         if version is not None:
             (built / VERSION_FILE_NAME).write_text(version)
         for _ in range(COMMIT_ATTEMPTS):
-            if not replace and self.lookup(key) is not None:
+            if self.lookup(key) is not None and (
+                not replace or (version is not None and self.version_of(key) == version)
+            ):
                 return entry
             replace = False  # once: an entry committed meanwhile is as new as this one
             if entry.exists() or entry.is_symlink():
