@@ -114,6 +114,8 @@ class ModelRegistry:
         self._cards: dict[str, tuple[_Filed, ...]] = {}
         """Every card by name, in the order they came (most names have one: a tuple is the
         smallest container), with its key and the instance its key names."""
+        self._cards_on: dict[str, dict[int, CardView]] = {}
+        """``cards_on``'s answers, by name, until that name's cards change."""
         self._names_on: dict[_Owner, Counter[str]] = {}
         self._owners: dict[_Owner, _Owner] = {}
         """One owner tuple per instance with cards, shared by all its cards (the keys of
@@ -163,10 +165,19 @@ class ModelRegistry:
 
     def card_on(self, name: str, instance_id: int) -> CardView | None:
         """The card that instance ``instance_id`` published for ``name``, or None."""
-        for _key, (_path, owner_id), card in self._cards.get(name, ()):
-            if owner_id == instance_id:
-                return card
-        return None
+        return self.cards_on(name).get(instance_id)
+
+    def cards_on(self, name: str) -> Mapping[int, CardView]:
+        """The card each instance published for ``name``, by instance id (the first one filed).
+
+        Built once per change of ``name``'s cards: a router asks it for every candidate of
+        every request, and a scan of the name's cards each time cost O(instances²) per
+        request for a base model many instances serve."""
+        if (on := self._cards_on.get(name)) is None:
+            on = self._cards_on[name] = {}
+            for _key, (_path, owner_id), card in self._cards.get(name, ()):
+                on.setdefault(owner_id, card)
+        return on
 
     def models(self) -> list[ServedModel]:
         """Every served model, base models and adapters, sorted by name."""
@@ -254,12 +265,14 @@ class ModelRegistry:
         if old is not None and new is not None and old.name == new.name:
             filed = self._cards[new.name]  # in place: keeps its rank
             self._cards[new.name] = tuple((k, o, new if k == key else c) for k, o, c in filed)
+            self._cards_on.pop(new.name, None)
             self._stale.add(new.name)
             return
         if old is not None:
             self._forget_card(key, owner, old.name)
         if new is not None:
             self._cards[new.name] = (*self._cards.get(new.name, ()), (key, owner, new))
+            self._cards_on.pop(new.name, None)
             self._names_on.setdefault(owner, Counter())[new.name] += 1
             self._stale.add(new.name)
 
@@ -269,6 +282,7 @@ class ModelRegistry:
             self._cards[name] = filed
         else:
             self._cards.pop(name, None)
+        self._cards_on.pop(name, None)
         names = self._names_on.get(owner)
         if names is not None:
             names[name] -= 1

@@ -7,7 +7,7 @@ import random
 
 import msgspec
 
-from lorafleet.discovery.keys import base_card_key, instance_key, lora_card_key
+from lorafleet.discovery.keys import base_card_key, instance_key, lora_card_key, parse_card_key
 from lorafleet.frontend.card_view import CardView
 from lorafleet.frontend.registry import ModelRegistry, ServedModel, build_index
 from lorafleet.proto.discovery import Instance, LoraInfo, ModelDeploymentCard, encode_record
@@ -116,6 +116,26 @@ async def test_registry_kept_change_by_change_equals_a_full_rebuild(etcd, namesp
             assert registry.known("robot") == any(
                 card.name == "robot" for card in registry.card_cache.items.values()
             )
+            assert _cards_on(registry) == _filed_cards(registry)  # asked each batch: kept
+
+
+_NAMES = ("demo", "pirate", "robot", "a/b", "zed", "marker")
+
+
+def _cards_on(registry: ModelRegistry) -> dict[tuple[str, int], CardView]:
+    """Every (name, instance) card as ``card_on`` answers it."""
+    found = {}
+    for name in _NAMES:
+        for instance_id in (1, 2, 3, 4, 98):
+            if (card := registry.card_on(name, instance_id)) is not None:
+                found[name, instance_id] = card
+    return found
+
+
+def _filed_cards(registry: ModelRegistry) -> dict[tuple[str, int], CardView]:
+    """Every (name, instance) card in the card cache, read straight from its keys."""
+    return {(card.name, parse_card_key(key)[1]): card
+            for key, card in registry.card_cache.items.items()}  # fmt: skip
 
 
 def _name_bytes(served: ServedModel) -> bytes:
