@@ -9,6 +9,7 @@ one tenant's salt never matches another's (``docs/routing.md``). Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,9 +45,11 @@ def version_key(model: str, digest: str = "") -> str:
     return f"{model}@{digest}" if digest else model
 
 
+@functools.lru_cache(maxsize=4096)
 def chain_seed(version: str, salt: str = "") -> bytes:
     """The value a chain starts from: its version and cache salt (vLLM's ``cache_salt``),
-    so that neither shares a block with another."""
+    so that neither shares a block with another. Kept for the versions and salts seen
+    last: every prompt of one version starts from the same seed."""
     return blake3(f"{version}\0{salt}".encode()).digest(HASH_BYTES)
 
 

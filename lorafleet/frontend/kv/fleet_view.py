@@ -67,7 +67,8 @@ class FleetView:
 
     def serves(self, instance_id: int, version: str) -> bool:
         """Whether ``instance_id`` has a card of ``version`` now."""
-        return self._versions.get(instance_id, Counter())[version] > 0
+        versions = self._versions.get(instance_id)
+        return versions is not None and versions[version] > 0
 
     def _instance_changed(self, _key: str, old: Instance | None, new: Instance | None) -> None:
         if new is not None:

@@ -44,7 +44,7 @@ CHARS_PER_TOKEN: Final = 4
 """Prompt characters per token where no tokenizer says (English text, most tokenizers)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Score:
     """One candidate's side of a decision: its cached and uncached prompt tokens, and the
     prompt's blocks as it names them when the index follows it (else None)."""

@@ -74,7 +74,7 @@ class RecentSends:
             return {}
         for send in self._by_first.pop(first, ()):
             self._hashed.remember(list(send.chain), send.instance_id, at=send.sent_at)
-        return self._hashed.overlaps(chain, instance_ids)
+        return self._hashed.overlaps(chain, instance_ids) if self._hashed else {}
 
     def _expire(self) -> None:
         since = self._clock() - self.window_s

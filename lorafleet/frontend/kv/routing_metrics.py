@@ -7,7 +7,7 @@ appear on its ``/metrics``; ``docs/metrics.md`` lists them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -58,6 +58,9 @@ class RoutingMetrics:
             "lorafleet_kv_snapshots", "Snapshots asked of instances, by outcome",
             ["outcome"], registry=registry,
         )  # fmt: skip
+        self._decisions = {reason: self.decisions.labels(reason)
+                           for reason in get_args(DecisionReason)}  # fmt: skip
+        """Each reason's series, made once (``labels`` locks and looks up on every call)."""
 
     def follow_index(self, size: Callable[[], int], followed: Callable[[], int]) -> None:
         """Read the index's size and the instances it follows at every scrape."""
@@ -66,7 +69,7 @@ class RoutingMetrics:
 
     def decided(self, reason: DecisionReason, overlap_tokens: int = 0) -> None:
         """Count one routing decision and the cached tokens it chose."""
-        self.decisions.labels(reason).inc()
+        self._decisions[reason].inc()
         if overlap_tokens:
             self.overlap_tokens.inc(overlap_tokens)
 
