@@ -177,3 +177,13 @@ def test_a_tokenizer_loads_off_the_event_loop_and_serves_once_ready() -> None:
     while tokenizers.get("/model") is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert tokenizers.get("/model") is tokenizer
+
+
+def test_every_decision_reason_is_on_metrics_at_zero_before_any_request() -> None:
+    """A dashboard's rate of ``load`` decisions reads 0, not "no data", until one happens."""
+    registry = CollectorRegistry()
+    RoutingMetrics(registry)
+    for reason in ("overlap", "load", "approximate", "no_index"):
+        assert registry.get_sample_value(
+            "lorafleet_router_decisions_total", {"reason": reason}
+        ) == 0.0  # fmt: skip
