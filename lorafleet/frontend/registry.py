@@ -174,8 +174,10 @@ class ModelRegistry:
         every request, and a scan of the name's cards each time cost O(instances²) per
         request for a base model many instances serve."""
         if (on := self._cards_on.get(name)) is None:
+            if name not in self._cards:
+                return {}  # not kept: names asked about and never filed would pile up
             on = self._cards_on[name] = {}
-            for _key, (_path, owner_id), card in self._cards.get(name, ()):
+            for _key, (_path, owner_id), card in self._cards[name]:
                 on.setdefault(owner_id, card)
         return on
 
