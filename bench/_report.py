@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "cpu_seconds",
     "emit",
     "machine",
+    "median",
     "ms",
     "percentile",
     "run_async",
@@ -44,6 +46,12 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, math.ceil(fraction * len(ordered)))
     return ordered[rank - 1]
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    """The median of the values present, rounded to 0.001 (None when none is)."""
+    present = [value for value in values if value is not None]
+    return round(statistics.median(present), 3) if present else None
 
 
 def ms(seconds: float | None) -> float | None:

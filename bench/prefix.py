@@ -35,6 +35,7 @@ from bench._report import (
     benchmark_main,
     cpu_seconds,
     machine,
+    median,
     ms,
     percentile,
     table,
@@ -184,28 +185,64 @@ def _sizes(args: argparse.Namespace) -> Sizes:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every workload under every router, each on a fresh cluster."""
-    if args.target_url:
-        runs = {workload: {args.target_label: await _target_run(args, workload)}
-                for workload in args.workloads}  # fmt: skip
-    else:
-        runs = {workload: {router: await _one_run(args, workload, router)
-                           for router in args.routers}
-                for workload in args.workloads}  # fmt: skip
+    """Every workload under every router, each on a fresh cluster, ``--repeat`` rounds."""
+    rounds: list[dict[str, dict[str, dict[str, Any]]]] = []
+    for number in range(args.repeat):
+        runs: dict[str, dict[str, dict[str, Any]]] = {workload: {} for workload in args.workloads}
+        for workload in args.workloads:
+            if args.target_url:
+                runs[workload][args.target_label] = await _target_run(args, workload)
+                continue
+            # every other round backwards: no router always runs first on a warm machine
+            for router in args.routers if number % 2 == 0 else args.routers[::-1]:
+                runs[workload][router] = await _one_run(args, workload, router)
+        rounds.append(runs)
+    results = {
+        workload: {label: _row([r[workload][label] for r in rounds],
+                               [r[workload].get("least-inflight") for r in rounds])
+                   for label in rounds[0][workload]}
+        for workload in args.workloads
+    }  # fmt: skip
     settings = {k: v for k, v in vars(args).items() if k != "json"}
-    return {"bench": "prefix", "machine": machine(), "settings": settings, "results": runs}
+    return {"bench": "prefix", "machine": machine(), "settings": settings, "results": results}
+
+
+def _row(runs: list[dict[str, Any]], baselines: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """One router's figures over the rounds: each figure's median, requests and failures
+    summed, and its frontend CPU over least-inflight's in the same round (the median of
+    those ratios: runs next to each other in time share the machine's mood, which moves
+    whole-frontend CPU by about 20% over minutes)."""
+    cpu = "frontend_cpu_ms_per_request"
+    row: dict[str, Any] = {key: median([run[key] for run in runs]) for key in runs[0]}
+    row |= {"requests": sum(run["requests"] for run in runs),
+            "failed": sum(run["failed"] for run in runs), "repeats": len(runs),
+            "cpu_over_least_inflight": median([
+                run[cpu] / base[cpu] for run, base in zip(runs, baselines, strict=True)
+                if base is not None and base[cpu]
+            ])}  # fmt: skip
+    if len(runs) > 1:
+        row["runs"] = runs
+    return row
 
 
 def _text(results: dict[str, Any], args: argparse.Namespace) -> str:
     headers = ["workload", "router", "n", "failed", "TTFT p50 ms", "p90 ms", "req/s",
-               "hit ratio", "ideal", "answered", "busiest/mean", "frontend CPU ms/req"]  # fmt: skip
+               "hit ratio", "ideal", "answered", "busiest/mean", "frontend CPU ms/req",
+               "CPU / least-inflight's"]  # fmt: skip
     rows = [
         [workload, router, f["requests"], f["failed"], f["ttft_p50_ms"], f["ttft_p90_ms"],
          f["req_per_s"], f.get("hit_ratio"), f.get("ideal_hit_ratio"), f["answered_hit_ratio"],
-         f.get("busiest_over_mean"), f["frontend_cpu_ms_per_request"]]
+         f.get("busiest_over_mean"), f["frontend_cpu_ms_per_request"],
+         f["cpu_over_least_inflight"]]
         for workload, by_router in results["results"].items() for router, f in by_router.items()
     ]  # fmt: skip
     return table(headers, rows)
+
+
+def _rounds(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of rounds (1 or more)")
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--unique-requests", type=int, default=256)
     parser.add_argument("--unique-words", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=_rounds, default=1,
+                        help="rounds of every workload and router (table: medians)")  # fmt: skip
     parser.add_argument(
         "--target-url",
         default="",

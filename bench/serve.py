@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,7 +20,7 @@ from typing import Any, Final
 from bench._cluster import BenchCluster, Service
 from bench._http import HttpConnection, build_request, complete_stream
 from bench._load import Call, Outcome, Session, StepResult, run_step
-from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, table
+from bench._report import CpuMeter, add_output_flags, benchmark_main, machine, median, table
 from lorafleet.discovery.nats_connection import NatsConnection
 from lorafleet.discovery.nats_settings import NatsSettings
 from lorafleet.frontend.request_plane import RequestPlane
@@ -145,9 +144,7 @@ def _median_row(mode: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
     """One table row: medians over the repeats of one (mode, concurrency)."""
 
     def med(key: str, sub: str | None = None) -> float | None:
-        values = [s[key] if sub is None else s[key][sub] for s in steps]
-        present = [v for v in values if v is not None]
-        return round(statistics.median(present), 3) if present else None
+        return median([s[key] if sub is None else s[key][sub] for s in steps])
 
     return {
         "mode": mode, "concurrency": steps[0]["concurrency"], "repeats": len(steps),

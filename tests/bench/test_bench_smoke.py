@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -199,6 +200,30 @@ def test_prefix_reports_every_workload_and_the_workers_hits(tmp_path: Path) -> N
     assert runs["shared"]["prefix"]["hit_ratio"] > 0
     assert runs["multiturn"]["prefix"]["hit_ratio"] > 0
     assert runs["unique"]["prefix"]["hit_ratio"] == 0
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_prefix_repeats_report_medians_and_cpu_against_least_inflight_round_by_round(
+    tmp_path: Path,
+) -> None:
+    result = _bench(tmp_path, "prefix", "--routers", "least-inflight", "prefix",
+                    "--workloads", "unique", "--repeat", "2", "--workers", "2",
+                    "--clients", "2", "--adapters", "1", "--max-tokens", "2",
+                    "--unique-requests", "8", "--unique-words", "64")  # fmt: skip
+    by_router = result["results"]["unique"]
+    assert list(by_router) == ["least-inflight", "prefix"]
+    for figures in by_router.values():
+        runs = figures["runs"]
+        assert figures["repeats"] == len(runs) == 2
+        assert figures["requests"] == sum(run["requests"] for run in runs) == 16
+        for key in ("ttft_p50_ms", "ttft_p90_ms", "req_per_s"):
+            low, high = sorted(run[key] for run in runs)
+            assert low <= figures[key] <= high, (key, figures)
+    cpu = "frontend_cpu_ms_per_request"
+    pairs = zip(by_router["prefix"]["runs"], by_router["least-inflight"]["runs"], strict=True)
+    ratios = [prefix[cpu] / least[cpu] for prefix, least in pairs if least[cpu]]
+    if ratios:  # a run can use less than one clock tick of CPU
+        assert by_router["prefix"]["cpu_over_least_inflight"] == round(median(ratios), 3)
 
 
 def test_prefix_router_cost_prints_every_router_for_every_workload() -> None:
