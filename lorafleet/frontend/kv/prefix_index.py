@@ -10,7 +10,7 @@ memory. Pure bookkeeping, no I/O: ``frontend.kv.events_listener`` feeds it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
 from lorafleet.proto.kv_events import BlocksRemoved, BlocksStored, KvEvent, VersionCleared
@@ -18,25 +18,25 @@ from lorafleet.proto.kv_events import BlocksRemoved, BlocksStored, KvEvent, Vers
 __all__ = ["DEFAULT_MAX_BLOCKS", "PrefixIndex"]
 
 DEFAULT_MAX_BLOCKS: Final = 1_048_576
-"""Blocks indexed at most across every instance (about 200 bytes each: ~200 MiB)."""
+"""Blocks indexed at most across every instance (about 90 bytes each: ~90 MiB)."""
 
 
 class PrefixIndex:
-    """Block hash -> instances holding it, and per instance per version its blocks.
+    """Per instance the blocks it holds, all versions in one set and each version in one.
 
-    Holders are kept as a bit mask per block (one bit per instance indexed): a mask of a
-    few instances is a small int Python shares, where a set per block cost an object of
-    its own, and the events' stores and removals touch every block."""
+    The workers' stores and removals touch every block of every prompt, so they are set
+    operations over a whole event's hashes at once (``set.update``,
+    ``set.difference_update``), not a step of Python per block; matching a request walks
+    its chain against each candidate's set."""
 
     def __init__(self, *, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be at least 1, got {max_blocks}")
         self.max_blocks = max_blocks
-        self._holders: dict[int, int] = {}
-        """Block hash -> the mask of the instances holding it."""
-        self._bits: dict[int, int] = {}
-        """Instance -> its bit in the masks, while it holds a block."""
+        self._blocks: dict[int, set[int]] = {}
+        """Instance -> every block it holds, whatever the version (what requests match)."""
         self._held: dict[int, dict[str, set[int]]] = {}
+        """Instance -> version -> its blocks of that version (what a swap or unload drops)."""
         self._size = 0
         self.dropped = 0
         """Blocks not indexed because the index was full."""
@@ -67,7 +67,7 @@ class PrefixIndex:
                 else:
                     self.remove_instance(instance_id)
 
-    def replace(self, instance_id: int, blocks: Mapping[str, Sequence[int]]) -> None:
+    def replace(self, instance_id: int, blocks: Mapping[str, Collection[int]]) -> None:
         """Hold exactly ``blocks`` (by version) for ``instance_id`` (a snapshot)."""
         self.remove_instance(instance_id)
         for version, hashes in blocks.items():
@@ -83,65 +83,53 @@ class PrefixIndex:
         versions = self._held.get(instance_id)
         if versions is None or version not in versions:
             return
-        self._remove(instance_id, version, list(versions[version]))
+        self._remove(instance_id, version, versions[version])
 
     def overlaps(self, hashes: Iterable[int], candidates: Collection[int]) -> dict[int, int]:
         """For each of ``candidates`` holding the first of ``hashes``, how many leading blocks
         of ``hashes`` it holds (an instance that misses a block holds none after it for this
         request: each hash names its whole prefix). Reads ``hashes`` no further than the
         first block none of them holds."""
-        alive = {iid: self._bits[iid] for iid in candidates if iid in self._bits}
+        alive = [(iid, self._blocks[iid]) for iid in candidates if iid in self._blocks]
         found: dict[int, int] = {}
         if not alive:
             return found
-        for depth, block in enumerate(hashes):
-            mask = self._holders.get(block, 0)
-            alive = {iid: bit for iid, bit in alive.items() if mask & bit}
+        for depth, block in enumerate(hashes, start=1):
+            alive = [holder for holder in alive if block in holder[1]]
             if not alive:
                 break
-            for instance_id in alive:
-                found[instance_id] = depth + 1
+            for instance_id, _ in alive:
+                found[instance_id] = depth
         return found
 
-    def _store(self, instance_id: int, version: str, hashes: Iterable[int]) -> None:
+    def _store(self, instance_id: int, version: str, hashes: Collection[int]) -> None:
         held = self._held.setdefault(instance_id, {}).setdefault(version, set())
-        bit = self._bit(instance_id)
-        holders = self._holders
-        for block in hashes:
-            if block in held:
-                continue
-            if self._size >= self.max_blocks:
-                self.dropped += 1
-                continue
-            held.add(block)
-            holders[block] = holders.get(block, 0) | bit
-            self._size += 1
+        blocks = self._blocks.setdefault(instance_id, set())
+        if self._size + len(hashes) > self.max_blocks:  # near the bound: block by block
+            hashes = self._room_for(held, hashes)
+        before = len(held)
+        held.update(hashes)
+        blocks.update(hashes)
+        self._size += len(held) - before
 
-    def _remove(self, instance_id: int, version: str, hashes: Iterable[int]) -> None:
+    def _room_for(self, held: set[int], hashes: Collection[int]) -> list[int]:
+        """The new blocks of ``hashes`` that fit under the bound; the others are dropped."""
+        new = list(dict.fromkeys(block for block in hashes if block not in held))
+        room = max(0, self.max_blocks - self._size)
+        self.dropped += max(0, len(new) - room)
+        return new[:room]
+
+    def _remove(self, instance_id: int, version: str, hashes: Collection[int]) -> None:
         versions = self._held.get(instance_id)
         held = versions.get(version) if versions is not None else None
         if versions is None or held is None:
             return
-        others = ~self._bits[instance_id]
-        holders = self._holders
-        for block in hashes:
-            if block not in held:
-                continue
-            held.discard(block)
-            self._size -= 1
-            if mask := holders[block] & others:
-                holders[block] = mask
-            else:
-                del holders[block]
+        before = len(held)
+        self._blocks[instance_id].difference_update(hashes)  # first: ``hashes`` may be ``held``
+        held.difference_update(hashes)
+        self._size -= before - len(held)
         if not held:
             del versions[version]
         if not versions:
             del self._held[instance_id]
-            del self._bits[instance_id]
-
-    def _bit(self, instance_id: int) -> int:
-        """``instance_id``'s bit, the lowest one free if it has none yet."""
-        if (bit := self._bits.get(instance_id)) is None:
-            used = sum(self._bits.values())
-            bit = self._bits[instance_id] = ~used & (used + 1)
-        return bit
+            del self._blocks[instance_id]
