@@ -111,6 +111,8 @@ class BlockChain:
 
     def first(self) -> int | None:
         """The first block's hash; None for a prompt shorter than a block."""
+        if self._hashes:  # asked of every prompt several times: no iterator once hashed
+            return self._hashes[0]
         return next(iter(self), None)
 
     def _extend(self) -> bool:

@@ -187,13 +187,15 @@ class PrefixRouter(Router):
         """What of the prompt each of ``group`` holds by the index (or, if more, by what was
         sent there lately, still in prefill); from where prefixes were sent when the
         frontend cannot make the engine's tokens."""
-        total = prompt.token_count(spec)
         chain = prompt.token_chain(spec, version)
-        if total is None or chain is None or self.index is None:
+        if chain is None or self.index is None:
             return [self._remembered(prompt, version, instance) for instance in group]
         ids = [instance.instance_id for instance in group]
         held = self.index.overlaps(chain, ids)
         recent = self.recent.held_blocks(chain, ids)
+        # words counted only if a candidate holds its first block (else the choice is by load)
+        counted = prompt.token_count(spec, count=bool(held or recent))
+        total = prompt.chars // CHARS_PER_TOKEN if counted is None else counted
         scores = []
         for instance in group:
             blocks, sent = held.get(instance.instance_id, 0), recent.get(instance.instance_id, 0)

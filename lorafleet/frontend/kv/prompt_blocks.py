@@ -98,11 +98,17 @@ class PromptBlocks:
         """The hf tokens by tokenizer path."""
         self._chains: dict[tuple[str, str, str, int], BlockChain] = {}
         self._hashes: dict[str, list[int]] = {}
+        self._words: int | None = None
+        """How many tokens the mocker's tokenizer makes of the prompt (its words), once counted."""
 
-    def token_count(self, spec: KvCacheSpec) -> int | None:
+    def token_count(self, spec: KvCacheSpec, *, count: bool = True) -> int | None:
         """How many tokens the engine makes of the prompt under ``spec``'s tokenizer, or
-        None if unknown (its tokenizer is not loaded)."""
+        None if unknown: its tokenizer is not loaded, or ``count`` is False and the words
+        (the mocker's tokens, made lazily) are not counted yet. A route by load alone needs
+        no count, and counting a long prompt's words cost more than the rest of its route."""
         if spec.tokenizer == "words":
+            if self._words is None and count:
+                self._words = words_count(self._texts)
             return self._words
         tokens = self._hf_tokens(spec)
         return None if tokens is None else len(tokens)
@@ -129,11 +135,6 @@ class PromptBlocks:
             self._hashes[version] = block_hashes(self._text_bytes, CHARS_PER_BLOCK, version,
                                                  salt)  # fmt: skip
         return self._hashes[version]
-
-    @functools.cached_property
-    def _words(self) -> int:
-        """How many tokens the mocker's tokenizer makes of the prompt (its words)."""
-        return words_count(self._texts)
 
     @property
     def text_bytes(self) -> int:

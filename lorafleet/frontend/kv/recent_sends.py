@@ -61,10 +61,11 @@ class RecentSends:
         first = chain.first()
         if first is None:
             return
-        send = _Send(self._clock(), first, instance_id, chain)
+        now = self._clock()
+        send = _Send(now, first, instance_id, chain)
         self._waiting.append(send)
         self._by_first.setdefault(first, []).append(send)
-        self._expire()
+        self._expire(now - self.window_s)
 
     def held_blocks(self, chain: BlockChain, instance_ids: Collection[int]) -> dict[int, int]:
         """For each of ``instance_ids`` sent a prompt starting like ``chain`` lately, how
@@ -76,8 +77,8 @@ class RecentSends:
             self._hashed.remember(list(send.chain), send.instance_id, at=send.sent_at)
         return self._hashed.overlaps(chain, instance_ids) if self._hashed else {}
 
-    def _expire(self) -> None:
-        since = self._clock() - self.window_s
+    def _expire(self, since: float) -> None:
+        """Drop the sends made at ``since`` or before, and the oldest past ``max_sends``."""
         while self._waiting and (self._waiting[0].sent_at <= since
                                  or len(self._waiting) > self.max_sends):  # fmt: skip
             oldest = self._waiting.popleft()

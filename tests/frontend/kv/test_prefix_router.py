@@ -132,6 +132,21 @@ def test_an_instance_not_followed_yet_is_routed_approximately() -> None:
     assert fleet.decisions("overlap") == 0
 
 
+def test_a_prompt_no_instance_holds_is_weighed_by_its_characters_not_counted() -> None:
+    """Nobody holds its first block, so the choice is by load alone: its words are not
+    counted (on a long prompt that cost more than the rest of the route), and the load it
+    adds is its characters' estimate, as in the approximate mode. A prompt that hits is
+    counted: its load is its uncached words."""
+    fleet = _Fleet(2)
+    cold = _request("cold")
+    chosen = fleet.route(cold)
+    assert fleet.router.load_of(cold, chosen) == (len(SYSTEM) + len("cold")) // 4 + 8
+    fleet.hold(chosen, SYSTEM, version="demo")
+    warm = _request("warm")
+    assert fleet.route(warm) == chosen
+    assert fleet.router.load_of(warm, chosen) == 201 - 192 + 8  # 12 blocks of 16 words held
+
+
 def test_a_short_prompt_or_a_single_instance_costs_no_tokenization() -> None:
     loaded: list[str] = []
     hf = KvCacheSpec(block_size=16, num_blocks=64, tokenizer="hf", tokenizer_path="/model")
