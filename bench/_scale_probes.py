@@ -21,7 +21,6 @@ from bench._http import HttpConnection, build_request
 from bench._report import ms, percentile
 from bench.plan_copies import time_changes
 from lorafleet.discovery.client import EtcdClient
-from lorafleet.frontend.config import FrontendConfig
 from lorafleet.frontend.registry import ModelRegistry
 from lorafleet.frontend.router import make_router
 
@@ -43,7 +42,10 @@ LAG_TIMEOUT_S: Final = 10.0
 """A change not routable after this long is counted as ``unroutable`` (and not as a lag)."""
 REVISION_PROBE_KEY: Final = b"\x00bench-scale-revision"
 """A key nobody writes: reading it returns etcd's current revision."""
-DEFAULT_ROUTER: Final = FrontendConfig().router
+PICK_ROUTER: Final = "least-inflight"
+"""Whose pick is timed: the default ``prefix`` router picks this way once a request's prompt is
+scored (its prompt's own cost is ``bench.prefix_router_cost``'s), and adapters go this way
+under every other router."""
 PLACEMENT_ROUNDS: Final = 3
 """Timed passes per kind of change (medians)."""
 
@@ -140,12 +142,12 @@ def _first_error(service: Service) -> str:
 def routing_decisions(registry: ModelRegistry, model: str, samples: int) -> dict[str, Any]:
     """µs per routing decision (registry lookup + router pick) on a registry built from etcd.
 
-    The frontend's own ``ModelRegistry`` over real watch caches, and the picks the
-    dispatcher makes: the default router's for the base model (a tenth of the
-    picks), the least-inflight pick among its instances for an adapter.
+    The frontend's own ``ModelRegistry`` over real watch caches, and the least-inflight
+    pick among a name's instances (``PICK_ROUTER``), for the base model (a tenth of the
+    picks) and the adapters.
     """
     names = registry.names()
-    router = make_router(DEFAULT_ROUTER)
+    router = make_router(PICK_ROUTER)
     rng = random.Random(0)
     picks = [model if i % 10 == 0 else rng.choice(names) for i in range(samples)]
     durations = []
@@ -153,8 +155,7 @@ def routing_decisions(registry: ModelRegistry, model: str, samples: int) -> dict
         begun = time.perf_counter()
         served = registry.get(name)
         assert served is not None
-        pick = router.pick if served.parent is None else router.pick_least_inflight
-        pick(served.name, served.instances, ())
+        router.pick(served.name, served.instances, ())
         durations.append(time.perf_counter() - begun)
     return {
         "route_p50_us": _us(percentile(durations, 0.5)),

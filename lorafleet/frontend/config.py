@@ -42,7 +42,7 @@ class FrontendConfig(ConnectionSettings):
 
         FrontendConfig()                                            # local defaults
         FrontendConfig(namespace="prod", router="least-inflight")
-        FrontendConfig(router="prefix", router_load_weight=0.5)   # cache first, load second
+        FrontendConfig(router="prefix", router_load_weight=0)     # cache only, ties by load
         FrontendConfig(etcd=EtcdSettings.from_env(), nats_server="nats://nats:4222")
         FrontendConfig(admin_token="s3cret", worker_token="w0rk3r", on_demand_timeout_s=120)
         FrontendConfig(on_demand_queue=1024)
@@ -58,12 +58,13 @@ class FrontendConfig(ConnectionSettings):
         8000, flag="--http-port", env="DYN_HTTP_PORT", help="the frontend's HTTP port"
     )
     router: str = setting(
-        "round-robin", flag="--router", env="DYN_ROUTER_MODE",
+        "prefix", flag="--router", env="DYN_ROUTER_MODE",
         choices=(*ROUTERS, *PREFIX_ROUTERS),
-        help="how requests pick an instance: round-robin or least-inflight (base models; "
-        "adapters go to the least busy instance that has them), prefix (base models and "
-        "adapters: the longest cached prefix against load, from the workers' KV events) or "
-        "prefix-approx (the same, by where this frontend sent each prefix)",
+        help="how requests pick an instance: prefix (base models and adapters: the longest "
+        "cached prefix against load, from the workers' KV events; by where this frontend "
+        "sent each prefix for engines without events), prefix-approx (by where it sent "
+        "each prefix only), round-robin or least-inflight (base models; adapters go to the "
+        "least busy instance that has them)",
         more="See [`docs/routing.md`](docs/routing.md).",
     )  # fmt: skip
     router_load_weight: Annotated[float, Meta(ge=0, le=MAX_LOAD_WEIGHT)] = setting(
@@ -74,7 +75,7 @@ class FrontendConfig(ConnectionSettings):
     kv_index_max_blocks: Annotated[int, AT_LEAST_ONE] = setting(
         DEFAULT_MAX_BLOCKS, flag="--kv-index-max-blocks", env="DYN_KV_INDEX_MAX_BLOCKS",
         help="prefix router: KV blocks the index keeps at most across every instance "
-        "(about 200 bytes each); past it new blocks are not indexed, and counted",
+        "(about 90 bytes each); past it new blocks are not indexed, and counted",
     )  # fmt: skip
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)

@@ -172,13 +172,24 @@ def test_completions_whole_and_streamed_agree_and_count_usage(cluster: Cluster) 
     assert chunks[-1].usage.total_tokens == 8
 
 
-def test_requests_are_spread_over_both_workers(cluster: Cluster) -> None:
+def test_round_robin_spreads_requests_evenly_over_both_workers(cluster: Cluster) -> None:
+    """``--router round-robin`` takes the workers in turn, whatever was sent to them before
+    (the default, ``prefix``, weighs cached prefixes and load instead)."""
     first, second = cluster.workers[:2]
-    before = [_worker_requests(first, "demo"), _worker_requests(second, "demo")]
-    client = cluster.client()
-    for _ in range(10):
-        client.completions.create(model="demo", prompt="x", max_tokens=1)
-    after = [_worker_requests(first, "demo"), _worker_requests(second, "demo")]
+    turns = Cluster(cluster.log_dir, cluster.etcd_url, cluster.nats_url, cluster.namespace)
+    turns.frontend = start_frontend(
+        cluster.log_dir, etcd_url=cluster.etcd_url, nats_url=cluster.nats_url,
+        namespace=cluster.namespace, args=("--router", "round-robin"),
+    )  # fmt: skip
+    try:
+        turns.wait_for_models({"demo"})
+        before = [_worker_requests(first, "demo"), _worker_requests(second, "demo")]
+        client = turns.client()
+        for _ in range(10):
+            client.completions.create(model="demo", prompt="x", max_tokens=1)
+        after = [_worker_requests(first, "demo"), _worker_requests(second, "demo")]
+    finally:
+        turns.frontend.kill()
     assert [a - b for a, b in zip(after, before, strict=True)] == [5.0, 5.0]
 
 
