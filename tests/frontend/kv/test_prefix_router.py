@@ -134,7 +134,7 @@ def test_an_instance_not_followed_yet_is_routed_approximately() -> None:
 
 def test_a_prompt_no_instance_holds_is_weighed_by_its_characters_not_counted() -> None:
     """Nobody holds its first block, so the choice is by load alone: its words are not
-    counted (on a long prompt that cost more than the rest of the route), and the load it
+    counted (on a 600-word prompt that was a fifth of the route), and the load it
     adds is its characters' estimate, as in the approximate mode. A prompt that hits is
     counted: its load is its uncached words."""
     fleet = _Fleet(2)
