@@ -40,8 +40,6 @@ log = structlog.get_logger(__name__)
 
 DECODE_LOAD_TOKENS: Final = 256
 """Output tokens a request in flight counts for at most in its instance's load."""
-CHARS_PER_TOKEN: Final = 4
-"""Prompt characters per token where no tokenizer says (English text, most tokenizers)."""
 
 
 @dataclass(slots=True)
@@ -110,7 +108,7 @@ class PrefixRouter(Router):
             uncached = self._last[2].get(instance_id)
             if uncached is not None:
                 return uncached + decode
-            return self._last[1].chars // CHARS_PER_TOKEN + decode
+            return self._last[1].estimated_tokens + decode
         return decode
 
     def started(self, instance_id: int, tokens: int = 0) -> None:
@@ -195,7 +193,7 @@ class PrefixRouter(Router):
         recent = self.recent.held_blocks(chain, ids)
         # words counted only if a candidate holds its first block (else the choice is by load)
         counted = prompt.token_count(spec, count=bool(held or recent))
-        total = prompt.chars // CHARS_PER_TOKEN if counted is None else counted
+        total = prompt.estimated_tokens if counted is None else counted
         scores = []
         for instance in group:
             blocks, sent = held.get(instance.instance_id, 0), recent.get(instance.instance_id, 0)
@@ -207,7 +205,7 @@ class PrefixRouter(Router):
     def _remembered(self, prompt: PromptBlocks, version: str, instance: Instance) -> _Score:
         """What of the prompt ``instance`` was sent lately (the approximate mode)."""
         iid = instance.instance_id
-        total = prompt.chars // CHARS_PER_TOKEN
+        total = prompt.estimated_tokens
         held = self.memory.overlaps(prompt.char_hashes(version), (iid,)).get(iid, 0)
         cached = min(total, total * held * CHARS_PER_BLOCK // max(1, prompt.text_bytes))
         return _Score(instance, cached, total - cached, from_index=False)

@@ -37,6 +37,8 @@ log = structlog.get_logger(__name__)
 
 CHARS_PER_BLOCK: Final = 64
 """Bytes of prompt text per block of the approximate mode (no tokenizer)."""
+CHARS_PER_TOKEN: Final = 4
+"""Prompt characters per token where no tokenizer says (English text, most tokenizers)."""
 
 
 class Tokenize(Protocol):
@@ -135,6 +137,12 @@ class PromptBlocks:
             self._hashes[version] = block_hashes(self._text_bytes, CHARS_PER_BLOCK, version,
                                                  salt)  # fmt: skip
         return self._hashes[version]
+
+    @property
+    def estimated_tokens(self) -> int:
+        """The prompt's tokens as its characters suggest, where they are not counted (the
+        approximate mode, and the load of a prompt no candidate holds)."""
+        return self.chars // CHARS_PER_TOKEN
 
     @property
     def text_bytes(self) -> int:
