@@ -37,6 +37,7 @@ import msgspec
 import nats
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
 
 from lorafleet.discovery.client import EtcdClient
 from lorafleet.discovery.keys import instance_key
@@ -273,9 +274,30 @@ class StandInWorker:
         self._stopped.set()
         await self.endpoint.stop_accepting()
         await self.endpoint.drain(0)
+        await self.cut_from_nats()
+        await self.lease.aclose(revoke=retract)
+
+    async def cut_from_nats(self) -> None:
+        """Close the NATS connection and wait until the server has dropped its subscription.
+
+        The server learns of a closed connection a moment later; a request published in
+        that moment would still be delivered to it and stall instead of finding no
+        responder. Waiting here makes "no responder on its subject" certain, not a race
+        that a busy machine loses.
+        """
         with contextlib.suppress(Exception):
             await self.nc.close()
-        await self.lease.aclose(revoke=retract)
+        probe = await nats.connect(self.nats_url)
+        try:
+            while True:
+                try:
+                    await probe.request(self.subject, b"", timeout=1)
+                except NoRespondersError:
+                    return
+                except TimeoutError:  # delivered to the closing connection: ask again
+                    continue
+        finally:
+            await probe.close()
 
     async def _serve(self) -> None:
         """The start-up steps of ``worker.runtime`` that matter on the wire, in its order."""

@@ -147,7 +147,7 @@ async def test_requests_in_flight_on_an_instance_found_gone_move_on_at_once(
         long = {**BODY, "max_tokens": 40}
         in_flight = [asyncio.create_task(frontend.http.post(CHAT, json=long)) for _ in range(2)]
         await _until(lambda: slow.generated)  # round robin: one of the two runs there
-        await slow.nc.close()  # gone from NATS (a cut route); its records stay in etcd
+        await slow.cut_from_nats()  # gone from NATS (a cut route); its records stay in etcd
 
         gone = await frontend.http.post(CHAT, json={**BODY, "model": "pirate"})
 
