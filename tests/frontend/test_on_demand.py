@@ -252,7 +252,7 @@ async def test_adapter_requests_go_to_the_least_busy_instance_that_has_it(
     while sum(len(worker.generated) for worker in pair) == 0:
         await asyncio.sleep(0.01)
     busy, idle = pair if pair[0].generated else pair[::-1]
-    for _ in range(4):  # round robin (the default router) would send two of them to ``busy``
+    for _ in range(4):  # round robin would send two of them to ``busy``
         answer = await frontend.http.post("/v1/completions", json={**body, "max_tokens": 1})
         assert answer.status_code == 200
     assert (len(busy.generated), len(idle.generated)) == (1, 4)

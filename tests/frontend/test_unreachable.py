@@ -67,7 +67,7 @@ async def test_a_lost_instance_gets_no_request_until_it_answers_a_ping(
     mute = await _start(workers, nats_url, etcd, namespace, behaviour=Behaviour.MUTE)
     live = await _start(workers, nats_url, etcd, namespace)
     await _until(lambda: len(getattr(frontend.registry.get("demo"), "instances", ())) == 2)
-    while not mute.unanswered:  # round robin: the first or second request goes to it
+    while not mute.unanswered:  # by load, then fewest sent: the first or second goes to it
         assert (await frontend.http.post(CHAT, json=BODY)).status_code == 200
     await _wait_unreachable(frontend, {f"{mute.instance_id:x}"})
     reason = (await _unreachable(frontend))[f"{mute.instance_id:x}"]
@@ -146,7 +146,7 @@ async def test_requests_in_flight_on_an_instance_found_gone_move_on_at_once(
         await _until(lambda: frontend.registry.get("pirate") is not None)
         long = {**BODY, "max_tokens": 40}
         in_flight = [asyncio.create_task(frontend.http.post(CHAT, json=long)) for _ in range(2)]
-        await _until(lambda: slow.generated)  # round robin: one of the two runs there
+        await _until(lambda: slow.generated)  # fewest in flight: one of the two runs there
         await slow.cut_from_nats()  # gone from NATS (a cut route); its records stay in etcd
 
         gone = await frontend.http.post(CHAT, json={**BODY, "model": "pirate"})
