@@ -289,13 +289,14 @@ class StandInWorker:
             await self.nc.close()
         probe = await nats.connect(self.nats_url)
         try:
-            while True:
-                try:
-                    await probe.request(self.subject, b"", timeout=1)
-                except NoRespondersError:
-                    return
-                except TimeoutError:  # delivered to the closing connection: ask again
-                    continue
+            async with asyncio.timeout(30):  # a subscription that never goes fails, not hangs
+                while True:
+                    try:
+                        await probe.request(self.subject, b"", timeout=1)
+                    except NoRespondersError:
+                        return
+                    except TimeoutError:  # delivered to the closing connection: ask again
+                        continue
         finally:
             await probe.close()
 
