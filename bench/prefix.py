@@ -3,7 +3,9 @@
 For each workload and each router, a fresh cluster (etcd, NATS, ``--workers`` workers with
 empty caches, one frontend with ``--router``) serves ``--adapters`` adapters, each loaded
 on every worker, and ``--clients`` clients run the workload's conversations (streamed
-chats, each turn after the last one's answer). Workloads (``bench/_prefix_workloads.py``):
+chats, each turn after the last one's answer), one conversation after another; with
+``--rate``, conversations instead start at that rate (Poisson arrivals, an open loop),
+however many are still running. Workloads (``bench/_prefix_workloads.py``):
 ``shared``, 32 system prompts of about 2,000 tokens spread over the adapters, 8 questions
 each, in random order; ``multiturn``, 64 conversations of 6 turns; ``unique``, no shared
 prefix (the control).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -83,19 +86,36 @@ async def _client(
     port: int, args: argparse.Namespace, jobs: asyncio.Queue[Job], sent: list[Any],
     results: list[ChatResult],
 ) -> None:  # fmt: skip
-    """Take conversations off the queue and run each turn after the last one's answer."""
+    """Take conversations off the queue, one after another (a closed loop)."""
     client = ChatClient("127.0.0.1", port, args.max_tokens)
     try:
         while not jobs.empty():
-            job = jobs.get_nowait()
-            for turn in range(len(job.users)):
-                messages = job.messages(turn)
-                result = await client.chat(job.model, messages)
-                results.append(result)
-                sent.append((job.model, messages, result.text))
-                job.answers.append(result.text)
+            await _converse(client, jobs.get_nowait(), sent, results)
     finally:
         await client.close()
+
+
+async def _arrival(
+    port: int, args: argparse.Namespace, job: Job, sent: list[Any], results: list[ChatResult]
+) -> None:
+    """One conversation of the open loop, on a connection of its own."""
+    client = ChatClient("127.0.0.1", port, args.max_tokens)
+    try:
+        await _converse(client, job, sent, results)
+    finally:
+        await client.close()
+
+
+async def _converse(
+    client: ChatClient, job: Job, sent: list[Any], results: list[ChatResult]
+) -> None:
+    """Run each turn of ``job`` after the last one's answer."""
+    for turn in range(len(job.users)):
+        messages = job.messages(turn)
+        result = await client.chat(job.model, messages)
+        results.append(result)
+        sent.append((job.model, messages, result.text))
+        job.answers.append(result.text)
 
 
 async def _counters(workers: Sequence[Service]) -> list[dict[str, float]]:
@@ -114,16 +134,27 @@ async def _counters(workers: Sequence[Service]) -> list[dict[str, float]]:
 async def _drive(
     port: int, models: list[str], args: argparse.Namespace, workload: str
 ) -> tuple[list[ChatResult], list[Any], float]:
-    """Run ``workload``'s jobs with ``--clients`` clients: results, (model, messages,
-    answer) in sending order, and the seconds it took."""
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for job in build_jobs(workload, models, _sizes(args), seed=args.seed):
-        queue.put_nowait(job)
+    """Run ``workload``'s jobs with ``--clients`` clients, or open loop at ``--rate``:
+    results, (model, messages, answer) in sending order, and the seconds it took."""
+    jobs = build_jobs(workload, models, _sizes(args), seed=args.seed)
     sent: list[Any] = []
     results: list[ChatResult] = []
     started = time.perf_counter()
-    await asyncio.gather(*(_client(port, args, queue, sent, results)
-                           for _ in range(args.clients)))  # fmt: skip
+    if args.rate:
+        # users who do not wait for each other: a conversation starts every 1/rate s on
+        # average (Poisson), however many are still running, so queues show in TTFT
+        arrivals = random.Random(f"arrivals-{args.seed}")
+        async with asyncio.TaskGroup() as group:
+            for number, job in enumerate(jobs):
+                if number:
+                    await asyncio.sleep(arrivals.expovariate(args.rate))
+                group.create_task(_arrival(port, args, job, sent, results))
+    else:
+        queue: asyncio.Queue[Job] = asyncio.Queue()
+        for job in jobs:
+            queue.put_nowait(job)
+        await asyncio.gather(*(_client(port, args, queue, sent, results)
+                               for _ in range(args.clients)))  # fmt: skip
     return results, sent, time.perf_counter() - started
 
 
@@ -245,6 +276,16 @@ def _rounds(value: str) -> int:
     return int(value)
 
 
+def _rate(value: str) -> float:
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = -1.0
+    if not rate > 0 or rate == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a rate (conversations per second > 0)")
+    return rate
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's flags."""
     parser = argparse.ArgumentParser(
@@ -255,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rate", type=_rate, default=0.0,
+                        help="open loop: conversations started per second (Poisson), "
+                             "instead of --clients")  # fmt: skip
     parser.add_argument("--engine", default="mocker", choices=("mocker", "hf", "vllm"))
     parser.add_argument("--model", default="demo", help="the workers' model (a path for hf/vllm)")
     parser.add_argument("--worker-arg", action="append", default=[],

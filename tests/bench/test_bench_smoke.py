@@ -203,6 +203,24 @@ def test_prefix_reports_every_workload_and_the_workers_hits(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_prefix_open_loop_starts_every_conversation_and_runs_its_turns(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "prefix", "--routers", "prefix", "--workloads", "multiturn",
+                    "--rate", "50", "--workers", "2", "--adapters", "1", "--max-tokens", "2",
+                    "--conversations", "4", "--turns", "2", "--opening-words", "64")  # fmt: skip
+    figures = result["results"]["multiturn"]["prefix"]
+    assert figures["failed"] == 0 and figures["requests"] == 4 * 2, figures
+    assert figures["hit_ratio"] > 0  # each second turn resends its first: it hits
+    assert result["settings"]["rate"] == 50
+
+
+def test_prefix_refuses_a_rate_that_is_not_positive() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench.prefix", "--rate", "0"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "'0' is not a rate" in done.stderr
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
 def test_prefix_repeats_report_medians_and_cpu_against_least_inflight_round_by_round(
     tmp_path: Path,
 ) -> None:
