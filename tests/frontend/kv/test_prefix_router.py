@@ -117,6 +117,21 @@ def test_a_busy_holder_sheds_to_another_instance() -> None:
     assert fleet.decisions("load") == 1
 
 
+def test_loads_less_than_half_a_prompt_apart_tie_and_the_one_sent_to_least_lately_wins() -> None:
+    """The frontend cannot see how far an instance is through what it was sent, so a few
+    tokens less in flight is no reason to choose it: as under least-inflight, the instance
+    sent to least lately (its work began earliest) wins. Deciding by the token sums raised
+    TTFT p90 on prompts that share nothing 18% over least-inflight's under Poisson arrivals
+    (``bench.prefix --rate 40``)."""
+    fleet = _Fleet(2)
+    prompt_tokens = (len(SYSTEM) + len("unheld")) // 4  # nobody holds it: its estimate
+    fleet.router.started(1, tokens=prompt_tokens)  # a prompt like it, sent first
+    fleet.router.started(2, tokens=1)
+    fleet.router.finished(2, tokens=1)  # then one more request to 2 since
+    fleet.router.started(2, tokens=prompt_tokens * 19 // 20)  # a prompt 5% shorter
+    assert fleet.route(_request("unheld")) == 1
+
+
 def test_without_events_the_router_remembers_where_it_sent_a_prefix() -> None:
     fleet = _Fleet(4, spec=None)
     first = fleet.route(_request("first"))
