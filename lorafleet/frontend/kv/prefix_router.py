@@ -6,8 +6,8 @@ hold the adapter, aliases and canaries are resolved before), ``cost = uncached p
 tokens + load_weight x tokens the instance is working on`` (this frontend's requests in
 flight there: their uncached prompt and up to ``DECODE_LOAD_TOKENS`` of output each); the
 cheapest wins. Among the candidates that would compute as much of the prompt as it, loads
-less than half a prompt apart tie, and the fewest in flight, then the one sent to least
-lately, wins. The cached prefix comes from the index of the
+that round to the same number of whole prompts of the request's size tie, and the fewest in
+flight, then the one sent to least lately, wins. The cached prefix comes from the index of the
 workers' events (``PrefixIndex``) for an instance whose events this frontend follows (and
 what was sent there in the last seconds, ``RecentSends``, still in prefill), else from
 where it sent prefixes lately (``PrefixMemory``, the approximate mode; the only one of
@@ -161,10 +161,10 @@ class PrefixRouter(Router):
         """Among candidates that would compute as much of the prompt: the least loaded in
         whole prompts of this request's size, then the fewest in flight, then the one sent
         to least lately (its work began earliest). The frontend cannot see how far an
-        instance is through what it was sent, so loads less than half a prompt apart are
-        no real difference; letting them decide (prompt lengths a few percent apart) raised
-        TTFT p90 on prompts that share nothing 18% over least-inflight's under Poisson
-        arrivals (``bench.prefix --rate``)."""
+        instance is through what it was sent, so a fraction of a prompt more in flight is
+        no real difference; letting raw sums decide (prompt lengths a few percent apart)
+        raised TTFT p90 on prompts that share nothing 18% over least-inflight's under
+        Poisson arrivals (``bench.prefix --rate``)."""
         iid = score.instance.instance_id
         size = max(1, score.cached + score.uncached)
         return (round(self._load_tokens.get(iid, 0) / size), self.inflight(iid), self.sent(iid))

@@ -117,7 +117,7 @@ def test_a_busy_holder_sheds_to_another_instance() -> None:
     assert fleet.decisions("load") == 1
 
 
-def test_loads_less_than_half_a_prompt_apart_tie_and_the_one_sent_to_least_lately_wins() -> None:
+def test_loads_of_the_same_whole_prompts_tie_and_the_one_sent_to_least_lately_wins() -> None:
     """The frontend cannot see how far an instance is through what it was sent, so a few
     tokens less in flight is no reason to choose it: as under least-inflight, the instance
     sent to least lately (its work began earliest) wins. Deciding by the token sums raised
