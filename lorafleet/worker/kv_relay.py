@@ -35,8 +35,12 @@ __all__ = ["KvRelay"]
 
 log = structlog.get_logger(__name__)
 
-BATCH_INTERVAL_S: Final = 0.05
-"""Events gathered this long go out as one message."""
+BATCH_INTERVAL_S: Final = 0.25
+"""Events gathered this long go out as one message. Each message costs every frontend a
+Python callback and a decode, whatever it holds: at 50 ms four busy workers sent a frontend
+more messages than it served requests, and its CPU on prompts that share nothing rose about
+a tenth (``bench/README.md``). The lag delays only what other frontends sent and evictions:
+a frontend's own sends count as held until their events come (``RecentSends``)."""
 MAX_PENDING_HASHES: Final = 50_000
 """Block hashes waiting to be sent at most (about 450 kB of msgpack, under NATS's 1 MB
 payload); past it the waiting events are dropped and their batch's ``seq`` skipped."""
