@@ -5,7 +5,10 @@ empty caches, one frontend with ``--router``) serves ``--adapters`` adapters, ea
 on every worker, and ``--clients`` clients run the workload's conversations (streamed
 chats, each turn after the last one's answer), one conversation after another; with
 ``--rate``, conversations instead start at that rate (Poisson arrivals, an open loop),
-however many are still running. Workloads (``bench/_prefix_workloads.py``):
+however many are still running. With ``--at-once`` each round starts every router's
+cluster first and drives them all together, so the machine's other work weighs on each
+alike (the frontends' CPU ratio then varies a few percent between rounds, not tens; TTFT
+and req/s share the cores). Workloads (``bench/_prefix_workloads.py``):
 ``shared``, 32 system prompts of about 2,000 tokens spread over the adapters, 8 questions
 each, in random order; ``multiturn``, 64 conversations of 6 turns; ``unique``, no shared
 prefix (the control).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Sequence
@@ -161,13 +165,32 @@ async def _drive(
 async def _one_run(args: argparse.Namespace, workload: str, router: str) -> dict[str, Any]:
     """One workload on a fresh lorafleet cluster whose frontend runs ``router``."""
     with BenchCluster() as cluster:
-        frontend = await _serve(cluster, args, router)
-        workers = [s for s in cluster.services if s is not frontend]
-        models = [name for name, _ in _adapters(cluster, args)] or [args.model]
-        before, cpu_before = await _counters(workers), cpu_seconds(frontend.process.pid)
-        results, sent, elapsed = await _drive(frontend.port, models, args, workload)
-        cpu = cpu_seconds(frontend.process.pid) - cpu_before
-        after = await _counters(workers)
+        return await _measure(cluster, await _serve(cluster, args, router), args, workload)
+
+
+async def _runs_at_once(
+    args: argparse.Namespace, workload: str, routers: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """One workload on a fresh cluster per router, all started first and driven together:
+    whatever else the machine does then falls on every router alike."""
+    with contextlib.ExitStack() as stack:
+        clusters = [stack.enter_context(BenchCluster()) for _ in routers]
+        frontends = [await _serve(c, args, r) for c, r in zip(clusters, routers, strict=True)]
+        pairs = zip(clusters, frontends, strict=True)
+        runs = await asyncio.gather(*(_measure(c, f, args, workload) for c, f in pairs))
+    return dict(zip(routers, runs, strict=True))
+
+
+async def _measure(
+    cluster: BenchCluster, frontend: Service, args: argparse.Namespace, workload: str
+) -> dict[str, Any]:
+    """Drive ``workload`` through ``frontend``; its figures and the workers' counters'."""
+    workers = [s for s in cluster.services if s is not frontend]
+    models = [name for name, _ in _adapters(cluster, args)] or [args.model]
+    before, cpu_before = await _counters(workers), cpu_seconds(frontend.process.pid)
+    results, sent, elapsed = await _drive(frontend.port, models, args, workload)
+    cpu = cpu_seconds(frontend.process.pid) - cpu_before
+    after = await _counters(workers)
     delta = [{key: a[key] - b[key] for key in a} for a, b in zip(after, before, strict=True)]
     queries = sum(d["queries"] for d in delta)
     per_instance = [d["requests"] for d in delta]
@@ -223,6 +246,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for workload in args.workloads:
             if args.target_url:
                 runs[workload][args.target_label] = await _target_run(args, workload)
+                continue
+            if args.at_once:
+                runs[workload] = await _runs_at_once(args, workload, args.routers)
                 continue
             # every other round backwards: no router always runs first on a warm machine
             for router in args.routers if number % 2 == 0 else args.routers[::-1]:
@@ -299,6 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=_rate, default=0.0,
                         help="open loop: conversations started per second (Poisson), "
                              "instead of --clients")  # fmt: skip
+    against = parser.add_mutually_exclusive_group()
+    against.add_argument("--at-once", action="store_true",
+                         help="a cluster per router, all driven together (CPU ratios: the "
+                              "machine's noise falls on every router alike)")  # fmt: skip
     parser.add_argument("--engine", default="mocker", choices=("mocker", "hf", "vllm"))
     parser.add_argument("--model", default="demo", help="the workers' model (a path for hf/vllm)")
     parser.add_argument("--worker-arg", action="append", default=[],
@@ -324,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=_rounds, default=1,
                         help="rounds of every workload and router (table: medians)")  # fmt: skip
-    parser.add_argument(
+    against.add_argument(
         "--target-url",
         default="",
         help="drive this running stack instead of starting lorafleet clusters",

@@ -203,6 +203,19 @@ def test_prefix_reports_every_workload_and_the_workers_hits(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
+def test_prefix_at_once_drives_every_routers_cluster_in_the_same_round(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "prefix", "--at-once", "--routers", "least-inflight", "prefix",
+                    "--workloads", "unique", "--workers", "2", "--adapters", "1",
+                    "--max-tokens", "2", "--unique-requests", "8",
+                    "--unique-words", "64")  # fmt: skip
+    by_router = result["results"]["unique"]
+    assert set(by_router) == {"least-inflight", "prefix"}
+    for figures in by_router.values():
+        assert figures["failed"] == 0 and figures["requests"] == 8, figures
+    assert result["settings"]["at_once"] is True
+
+
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 30)
 def test_prefix_open_loop_starts_every_conversation_and_runs_its_turns(tmp_path: Path) -> None:
     result = _bench(tmp_path, "prefix", "--routers", "prefix", "--workloads", "multiturn",
                     "--rate", "50", "--workers", "2", "--adapters", "1", "--max-tokens", "2",
